@@ -1,0 +1,34 @@
+# Two commands do everything from a fresh clone: `make run` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# The CPU build of torch, taken first where no CUDA driver is present; override for other setups.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c 'import torch' 2>/dev/null; then \
+		echo "installing the CPU build of torch ($(TORCH_SPEC))"; \
+		$(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
+	fi
+	$(PIP) install -q -e '.[dev]'
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/gptpipe run
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf data checkpoints .prefect mlruns/mlflow.db mlruns/artifacts

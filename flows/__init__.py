@@ -1,0 +1,1 @@
+"""Prefect flows and the `gptpipe` command line."""

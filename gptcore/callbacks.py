@@ -1,0 +1,60 @@
+"""The trainer's progress interface. Adapters (MLflow, Prefect artifacts, the console) implement it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class TrainingCallback:
+    """No-op base: subclasses override what they need. Every payload is a flat dict of JSON values,
+    with the run-record names (`tokens_per_second`, `peak_memory_bytes`, ...)."""
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        """The startup record: device, precision, batch size, parameter count, estimates."""
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        """One log interval: step, train_loss, learning_rate, grad_norm, tokens_per_second, ..."""
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        """One evaluation: step, val_loss, val_perplexity (and unigram_val_loss on the first)."""
+
+    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
+        """A checkpoint was written completely; info holds step, kind (latest/best/final), seconds."""
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        """Training finished; the summary record."""
+
+    def on_failure(self, reason: str) -> None:
+        """Training stopped with an error; reason is the one-line message."""
+
+
+class CallbackList(TrainingCallback):
+    """Fans each event out to several callbacks, in order."""
+
+    def __init__(self, callbacks: list[TrainingCallback] | None = None) -> None:
+        self.callbacks = list(callbacks or [])
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            callback.on_start(startup)
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            callback.on_step(metrics)
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            callback.on_eval(metrics)
+
+    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            callback.on_checkpoint(path, info)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            callback.on_end(summary)
+
+    def on_failure(self, reason: str) -> None:
+        for callback in self.callbacks:
+            callback.on_failure(reason)

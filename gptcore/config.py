@@ -1,0 +1,297 @@
+"""Typed parameters: model profiles and iteration files, validated before any stage starts.
+
+A parameter file names a model profile (`params/profiles/<name>.yaml`) and holds every other setting of
+the pipeline. Errors come out as one line naming the file, the key path, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gptcore.errors import ConfigError
+
+PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
+PROFILES_DIR = PARAMS_DIR / "profiles"
+
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+ConcretePrecision = Literal["fp32", "bf16", "fp16"]
+STAGES = ("tokenizer", "tokens", "device", "smoke", "full")
+Stage = Literal["tokenizer", "tokens", "device", "smoke", "full"]
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors, values are not coerced across types, models are immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --- model profiles -------------------------------------------------------------------------------
+
+
+class ModelConfig(Strict):
+    """GPT-2 layout: learned positions, pre-norm LayerNorm, tied embeddings."""
+
+    n_layer: int = Field(ge=1, le=256)
+    n_head: int = Field(ge=1, le=256)
+    n_embd: int = Field(ge=1, le=65536)
+    block_size: int = Field(ge=2, le=1 << 20, description="context length in tokens")
+    vocab_size: int = Field(ge=257, le=1 << 32)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    bias: bool = True
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} must be a multiple of n_head {self.n_head}")
+        return self
+
+
+class DeviceDefaults(Strict):
+    """What a profile runs with on one kind of device unless the user says otherwise."""
+
+    batch_size: int = Field(ge=1, le=1 << 16)
+    grad_accum_steps: int = Field(default=1, ge=1, le=1 << 16)
+    precision: ConcretePrecision = "fp32"
+    workers: int = Field(default=0, ge=0, le=64)
+
+
+class ModelProfile(Strict):
+    name: str
+    architecture: ModelConfig
+    cpu: DeviceDefaults
+    gpu: DeviceDefaults
+
+
+# --- pipeline sections ----------------------------------------------------------------------------
+
+
+class CorpusConfig(Strict):
+    """Where documents come from, and how they split into train and validation."""
+
+    source: Literal["builtin:python-stdlib", "local", "hub"] = "builtin:python-stdlib"
+    paths: list[str] = Field(default_factory=list, description="files, folders or globs (local)")
+    format: Literal["auto", "text", "jsonl", "parquet"] = "auto"
+    text_field: str = "text"
+    document_per: Literal["file", "line"] = "file"
+    hub_name: str | None = None
+    hub_config: str | None = None
+    hub_split: str = "train"
+    validation_fraction: float = Field(default=0.05, gt=0.0, lt=1.0)
+    split_seed: int = 1337
+    max_documents: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _source_has_its_settings(self) -> CorpusConfig:
+        if self.source == "local" and not self.paths:
+            raise ValueError("source 'local' needs corpus.paths: a list of files, folders or globs")
+        if self.source == "hub" and not self.hub_name:
+            raise ValueError("source 'hub' needs corpus.hub_name: a dataset name on the hub")
+        return self
+
+
+class TokenizerConfig(Strict):
+    vocab_size: int = Field(default=8192, ge=257, le=1 << 32)
+    min_frequency: int = Field(default=2, ge=1)
+    end_of_text: str = "<|endoftext|>"
+
+
+class RuntimeConfig(Strict):
+    """What the user asks for; `gptcore.runtime` resolves `auto` and the unset fields per device."""
+
+    device: Device = "auto"
+    precision: Precision = "auto"
+    batch_size: int | None = Field(default=None, ge=1)
+    grad_accum_steps: int | None = Field(default=None, ge=1)
+    workers: int | None = Field(default=None, ge=0)
+    nproc: int | Literal["auto"] = 1
+    cpu: DeviceDefaults | None = None
+    gpu: DeviceDefaults | None = None
+
+
+class OptimizerConfig(Strict):
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0)
+    min_learning_rate: float = Field(default=1e-4, ge=0.0, le=10.0)
+    warmup_steps: int = Field(default=20, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0.0)
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
+    grad_clip: float = Field(default=1.0, ge=0.0, description="0 turns clipping off")
+
+
+class TrainingConfig(Strict):
+    """One training run's budget and cadence."""
+
+    epochs: int = Field(default=1, ge=1)
+    max_steps: int | None = Field(default=None, ge=1, description="optimizer steps; caps epochs")
+    training_examples: int | None = Field(default=None, ge=1)
+    validation_examples: int | None = Field(default=None, ge=1)
+    log_every: int = Field(default=10, ge=1)
+    eval_every: int = Field(default=100, ge=1)
+    checkpoint_every: int = Field(default=100, ge=1)
+    keep_last: int = Field(default=2, ge=1)
+    seed: int = 1337
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+
+class SmokeConfig(TrainingConfig):
+    """A bounded run that proves the configuration trains and fits, and measures throughput."""
+
+    max_steps: int | None = Field(default=20, ge=2)
+    log_every: int = Field(default=5, ge=1)
+    eval_every: int = Field(default=20, ge=1)
+    checkpoint_every: int = Field(default=1000, ge=1)
+
+
+class FullTrainingConfig(TrainingConfig):
+    require_cuda: bool = Field(default=False, description="stop before full training without CUDA")
+
+
+class TrackingConfig(Strict):
+    uri: str | None = Field(default=None, description="MLFLOW_TRACKING_URI wins; else the local store")
+    artifact_root: str = "mlruns/artifacts"
+    experiment: str = "gptpipe"
+    system_metrics: bool = True
+
+
+class PathsConfig(Strict):
+    data_root: str = "data"
+    checkpoint_root: str = "checkpoints"
+
+
+class PipelineParams(Strict):
+    """One iteration's parameter file, with its model profile resolved."""
+
+    iteration: int = Field(ge=1)
+    model: ModelProfile
+    corpus: CorpusConfig = CorpusConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    smoke: SmokeConfig = SmokeConfig()
+    full: FullTrainingConfig = FullTrainingConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    paths: PathsConfig = PathsConfig()
+
+    @model_validator(mode="after")
+    def _tokenizer_fits_model(self) -> PipelineParams:
+        if self.tokenizer.vocab_size > self.model.architecture.vocab_size:
+            raise ValueError(
+                f"tokenizer.vocab_size {self.tokenizer.vocab_size} exceeds the model's vocabulary "
+                f"{self.model.architecture.vocab_size}"
+            )
+        return self
+
+    def defaults_for(self, device: Literal["cpu", "cuda"]) -> DeviceDefaults:
+        """The runtime defaults for a resolved device: the parameter file's, else the profile's."""
+        if device == "cuda":
+            return self.runtime.gpu or self.model.gpu
+        return self.runtime.cpu or self.model.cpu
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
+class ParamsLoader(yaml.SafeLoader):
+    """Safe YAML that reads `1e-3` as a float, as YAML 1.2 does (PyYAML's 1.1 rules make it a string)."""
+
+
+ParamsLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def _describe_error(source: str, error: ValidationError) -> str:
+    """The first validation error as one line: file, key path, value, what is allowed."""
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"{source}: {key}: unknown key"
+    if first["type"] == "missing":
+        return f"{source}: {key}: missing required key"
+    return f"{source}: {key}: value {first.get('input')!r} is not allowed: {message}"
+
+
+def read_yaml(path: Path, what: str = "parameter file") -> dict[str, Any]:
+    """A YAML mapping, loaded safely; every failure is a ConfigError naming the file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} not found")
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=ParamsLoader)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (it is not valid UTF-8)") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "malformed YAML"
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{path}: the {what} is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the {what} must be a mapping of keys, found {type(data).__name__}")
+    return data
+
+
+def load_profile(name_or_path: str, base: Path = PROFILES_DIR) -> ModelProfile:
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = base / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in base.glob("*.yaml")))
+        raise ConfigError(f"model profile {name_or_path!r} not found (known profiles: {known})")
+    data = read_yaml(path, "model profile")
+    try:
+        return ModelProfile.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe_error(str(path), error)) from None
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """`key.path=value`, the value read as YAML (so `3`, `1e-3`, `true`, `[a, b]` keep their types)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {assignment!r}: expected key.path=value")
+    try:
+        value = yaml.load(raw, Loader=ParamsLoader) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {assignment!r}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineParams:
+    """Read, override and validate a parameter file; the model profile resolves beside `params/profiles`."""
+    path = Path(path)
+    data = read_yaml(path)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    source = f"{path}" + (" (with --set)" if overrides else "")
+    profile_ref = data.get("model")
+    if isinstance(profile_ref, str):
+        profiles = path.resolve().parent / "profiles"
+        data["model"] = load_profile(profile_ref, profiles if profiles.is_dir() else PROFILES_DIR)
+    try:
+        return PipelineParams.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe_error(source, error)) from None
+
+
+def iteration_file(iteration: int) -> Path:
+    path = PARAMS_DIR / f"iteration_{iteration}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem.removeprefix("iteration_") for p in PARAMS_DIR.glob("iteration_*.yaml")))
+        raise ConfigError(f"--iteration {iteration}: no parameter file {path.name} (known iterations: {known})")
+    return path

@@ -1,0 +1,37 @@
+"""Errors a user can act on: the CLI prints them as one line and exits non-zero, without a traceback."""
+
+
+class GptpipeError(Exception):
+    """A problem with the user's input or machine, stated in one line that names what and where."""
+
+    exit_code = 1
+
+
+class ConfigError(GptpipeError):
+    """A parameter file, `--set` override or command-line value that is not allowed."""
+
+    exit_code = 2
+
+
+class DeviceError(GptpipeError):
+    """The requested device or precision is not available on this machine."""
+
+    exit_code = 2
+
+
+class DataError(GptpipeError):
+    """A corpus, tokenizer or token file that is missing, empty or inconsistent."""
+
+    exit_code = 2
+
+
+class CheckpointError(GptpipeError):
+    """A checkpoint that cannot be written, read or resumed from."""
+
+    exit_code = 1
+
+
+class TrainingError(GptpipeError):
+    """Training stopped for a reason the user must act on (non-finite loss, out of memory)."""
+
+    exit_code = 1

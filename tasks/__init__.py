@@ -1,0 +1,1 @@
+"""Prefect tasks: thin, cached wrappers around gptcore, each recorded in MLflow."""
