@@ -14,6 +14,16 @@ import typer
 
 from gptcore.errors import GptpipeError
 
+# typer >= 0.2x raises its own vendored click's exceptions, not the installed click's: catch both.
+try:
+    from typer._click import exceptions as _typer_click
+
+    USAGE_ERRORS: tuple[type[Exception], ...] = (click.UsageError, _typer_click.UsageError)
+except ImportError:  # an older typer on the real click
+    USAGE_ERRORS = (click.UsageError,)
+ABORTS = (click.exceptions.Abort, typer.Abort)
+EXITS = (click.exceptions.Exit, typer.Exit)
+
 app = typer.Typer(
     name="gptpipe",
     help="Train a GPT from raw text to a measured checkpoint: Prefect pipeline, MLflow tracking.",
@@ -29,8 +39,9 @@ def _register_commands() -> None:
     from flows import cli_pipeline, cli_tracking, cli_train  # noqa: F401
 
 
-def _usage_line(error: click.UsageError) -> str:
-    command = error.ctx.command_path if error.ctx else "gptpipe"
+def _usage_line(error: Exception) -> str:
+    ctx = getattr(error, "ctx", None)
+    command = ctx.command_path if ctx else "gptpipe"
     return f"error: {command}: {error.format_message()}"
 
 
@@ -39,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="gptpipe", standalone_mode=False)
-    except click.UsageError as error:
+    except USAGE_ERRORS as error:
         print(_usage_line(error), file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
+    except ABORTS:
         print("error: aborted", file=sys.stderr)
         return 130
-    except click.exceptions.Exit as exit_:
+    except EXITS as exit_:
         return exit_.exit_code
     except GptpipeError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -57,4 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m flows.cli`, this file is `__main__`; the subcommand modules register on the
+    # importable `flows.cli.app`, so go through that module.
+    from flows.cli import main as importable_main
+
+    sys.exit(importable_main())

@@ -1,1 +1,186 @@
-"""Placeholder until its issue lands; registers no commands yet."""
+"""`gptpipe device`, `gptpipe train`, `gptpipe generate`: the training engine from the command line.
+
+Flags map onto parameter-file keys (`--batch-size` is `runtime.batch_size`, `--max-steps` is
+`<stage>.max_steps`), applied like `--set` overrides so one validation covers both. Torch is imported
+inside the commands only. Progress comes out as JSON lines on stdout (see `gptcore.console`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flows.cli import app
+from gptcore.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+STAGES = ("smoke", "full")
+
+
+def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(allowed)}")
+    return value
+
+
+@app.command("device")
+def device_command(
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object instead of a table"),
+) -> None:
+    """Verify the environment: torch, CUDA, the device a run takes, bf16, TF32, fused AdamW."""
+    from gptcore.runtime import device_report
+
+    report = device_report(_choice("--device", device, DEVICES))
+    if as_json:
+        print(json.dumps(report))
+        return
+    for key, value in report.items():
+        print(f"{key:24} {value}")
+
+
+def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
+    """Command-line flags as `key.path=value` overrides of the parameter file."""
+    runtime_keys = {
+        "device": "device",
+        "precision": "precision",
+        "batch_size": "batch_size",
+        "grad_accum": "grad_accum_steps",
+        "workers": "workers",
+        "compile": "compile",
+    }
+    overrides = []
+    for flag, value in flags.items():
+        if value is None or value is False:
+            continue
+        section = f"runtime.{runtime_keys[flag]}" if flag in runtime_keys else f"{stage}.{flag}"
+        overrides.append(f"{section}={json.dumps(value)}")
+    return overrides
+
+
+def training_callbacks(params: Any, stage: str) -> list[Any]:
+    """The callbacks `gptpipe train` runs with. The tracking adapter appends its MLflow callback here."""
+    from gptcore.console import JsonLinesCallback
+
+    return [JsonLinesCallback()]
+
+
+def _token_sources(
+    params: Any, stage: str, train_tokens: Path | None, validation_tokens: Path | None, synthetic: bool
+) -> tuple[Any, Any]:
+    if train_tokens is not None or not synthetic:
+        return train_tokens, validation_tokens
+    from gptcore.synthetic import synthetic_stream
+
+    section = getattr(params, stage)
+    window = params.model.architecture.block_size + 1
+    vocab = params.tokenizer.vocab_size
+    train = synthetic_stream(vocab, window * (section.training_examples or 2048), seed=1)
+    validation = synthetic_stream(
+        vocab, window * (section.validation_examples or 64), seed=2, split="validation"
+    )
+    return train, validation_tokens or validation
+
+
+@app.command("train")
+def train_command(
+    iteration: int | None = typer.Option(None, "--iteration", min=1, help="params/iteration_N.yaml"),
+    params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
+    set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value (repeatable)"),
+    stage: str = typer.Option("full", "--stage", help="which training section: smoke or full"),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda"),
+    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16"),
+    batch_size: int | None = typer.Option(None, "--batch-size", min=1),
+    grad_accum: int | None = typer.Option(None, "--grad-accum", min=1),
+    epochs: int | None = typer.Option(None, "--epochs", min=1),
+    max_steps: int | None = typer.Option(None, "--max-steps", min=1),
+    training_examples: int | None = typer.Option(None, "--training-examples", min=1),
+    validation_examples: int | None = typer.Option(None, "--validation-examples", min=1),
+    workers: int | None = typer.Option(None, "--workers", min=0),
+    log_every: int | None = typer.Option(None, "--log-every", min=1),
+    eval_every: int | None = typer.Option(None, "--eval-every", min=1),
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", min=1),
+    train_tokens: Path | None = typer.Option(None, "--train-tokens", help="token file (.bin, .pt, project)"),
+    validation_tokens: Path | None = typer.Option(None, "--validation-tokens"),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="tokenizer.json, recorded for generate"),
+    checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the directory's latest checkpoint"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="resolve, build, estimate; train and write nothing"
+    ),
+    synthetic: bool = typer.Option(False, "--synthetic", help="train on a synthetic learnable stream"),
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile the model"),
+) -> None:
+    """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last."""
+    from gptcore.config import iteration_file, load_params
+    from gptcore.trainer import TrainJob, train
+
+    if iteration is not None and params_file is not None:
+        raise ConfigError("--iteration and --params: give one of them, not both")
+    _choice("--stage", stage, STAGES)
+    if device is not None:
+        _choice("--device", device, DEVICES)
+    if precision is not None:
+        _choice("--precision", precision, PRECISIONS)
+    path = params_file or iteration_file(iteration or 1)
+    flags = dict(
+        device=device,
+        precision=precision,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        workers=workers,
+        compile=compile_,
+        epochs=epochs,
+        max_steps=max_steps,
+        training_examples=training_examples,
+        validation_examples=validation_examples,
+        log_every=log_every,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+    )
+    params = load_params(path, [*set_, *parameter_overrides(stage, flags)])
+    train_source, validation_source = _token_sources(
+        params, stage, train_tokens, validation_tokens, synthetic
+    )
+    if train_source is None and not dry_run:
+        raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
+    directory = checkpoint_directory or Path(params.paths.checkpoint_root) / f"{Path(path).stem}-{stage}"
+    job = TrainJob.from_params(
+        params,
+        stage,
+        train_tokens=train_source,
+        validation_tokens=validation_source,
+        checkpoint_directory=directory,
+        resume=resume,
+        dry_run=dry_run,
+        tokenizer=tokenizer,
+        metadata={"params_file": str(path), "stage": stage},
+    )
+    from gptcore.callbacks import CallbackList
+
+    train(job, CallbackList(training_callbacks(params, stage)))
+
+
+@app.command("generate")
+def generate_command(
+    checkpoint_directory: Path = typer.Option(..., "--checkpoint-directory"),
+    prompt: str = typer.Option(..., "--prompt"),
+    max_new_tokens: int = typer.Option(100, "--max-new-tokens", min=1),
+    temperature: float = typer.Option(0.8, "--temperature", min=0.0),
+    top_k: int = typer.Option(50, "--top-k", min=0, help="0 keeps every token"),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="default: the one the checkpoint names"),
+    checkpoint: str = typer.Option("auto", "--checkpoint", help="auto, final, best or latest"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Sample a continuation of a prompt from a trained checkpoint."""
+    from gptcore.generate import generate_text
+
+    result = generate_text(
+        checkpoint_directory, prompt, tokenizer, max_new_tokens, temperature, top_k or None, seed, checkpoint
+    )
+    print(json.dumps(result) if as_json else prompt + result["completion"])

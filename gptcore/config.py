@@ -110,6 +110,7 @@ class RuntimeConfig(Strict):
     grad_accum_steps: int | None = Field(default=None, ge=1)
     workers: int | None = Field(default=None, ge=0)
     nproc: int | Literal["auto"] = 1
+    compile: bool = Field(default=False, description="torch.compile the model (needs a C compiler)")
     cpu: DeviceDefaults | None = None
     gpu: DeviceDefaults | None = None
 

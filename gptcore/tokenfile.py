@@ -35,6 +35,7 @@ class TokenFileManifest:
     split: str
     sha256: str
     format_version: int = FORMAT_VERSION
+    end_of_text_id: int | None = None  # the separator written after every document
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

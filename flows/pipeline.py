@@ -1,0 +1,45 @@
+"""The end-to-end flow: tokenizer → token files → device check → smoke training → full training.
+
+Each stage is a cached Prefect task in `tasks/`; this flow only composes them, records each stage's
+state, and publishes the run's summary (a markdown artifact and one final JSON line on stdout).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.report import PipelineReport
+from gptcore.config import STAGES, load_params
+from gptcore.errors import ConfigError
+from tasks import stages
+from tasks.tracking_bridge import PipelineTracking
+
+DEFAULT_PARAMS = "params/iteration_1.yaml"
+
+
+@flow(name="end-to-end", log_prints=False, validate_parameters=True)
+def end_to_end(
+    params_path: str = DEFAULT_PARAMS, overrides: list[str] | None = None, until: str = "full"
+) -> dict:
+    """Corpus to trained checkpoint for one parameter file, redoing only what changed."""
+    if until not in STAGES:
+        raise ConfigError(f"--until {until!r} is not allowed: expected one of {', '.join(STAGES)}")
+    params = load_params(params_path, list(overrides or []))
+    report = PipelineReport(until, title=f"gptpipe iteration {params.iteration}: {Path(params_path).name}")
+    tracking = PipelineTracking.start(params, Path(params_path), flow_run_id=str(flow_run.get_id() or ""))
+    report.links.update(tracking.links())
+    try:
+        tokenizer = report.stage("tokenizer", lambda: stages.tokenizer(params, tracking))
+        tokens = report.stage("tokens", lambda: stages.tokens(params, tokenizer, tracking))
+        device = report.stage("device", lambda: stages.device(params, tracking))
+        smoke = report.stage("smoke", lambda: stages.smoke(params, tokens, device, tracking))
+        report.stage("full", lambda: stages.full(params, tokens, device, smoke, tracking))
+    finally:
+        report.finish()
+        tracking.finish(report)
+        report.publish_artifact(key=f"gptpipe-iteration-{params.iteration}-summary")
+        report.print_json()
+    return report.to_dict()

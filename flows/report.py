@@ -1,0 +1,99 @@
+"""The run's record of its stages: states, outputs, figures; printed as one JSON line and kept as a
+Prefect markdown artifact.
+
+Stages run in order. Past `--until`, or after a failure, the remaining stages are `skipped`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gptcore.config import STAGES
+from tasks.caching import StageOutcome
+
+log = logging.getLogger(__name__)
+
+
+class PipelineReport:
+    def __init__(self, until: str, title: str) -> None:
+        self.until = until
+        self.title = title
+        self.outcomes: dict[str, StageOutcome] = {}
+        self.stopped: str | None = None  # why the remaining stages are skipped
+        self.links: dict[str, str] = {}
+
+    def stage(self, name: str, run: Callable[[], StageOutcome]) -> StageOutcome:
+        """Run one stage unless the pipeline stopped or the stage lies past `--until`."""
+        if self.stopped is not None:
+            return self._skip(name, self.stopped)
+        try:
+            outcome = run()
+        except BaseException as error:
+            self.outcomes[name] = StageOutcome(name, "failed", message=str(error).splitlines()[0][:500])
+            self.stopped = f"stage {name} failed"
+            raise
+        self.outcomes[name] = outcome
+        if outcome.state == "skipped":
+            self.stopped = outcome.message or f"stage {name} skipped"
+        elif name == self.until:
+            self.stopped = f"--until {self.until}"
+        return outcome
+
+    def _skip(self, name: str, reason: str) -> StageOutcome:
+        outcome = StageOutcome(name, "skipped", message=reason)
+        self.outcomes[name] = outcome
+        return outcome
+
+    def finish(self) -> None:
+        """Mark every stage that never ran (after a failure) as skipped."""
+        for name in STAGES:
+            if name not in self.outcomes:
+                self._skip(name, self.stopped or "not reached")
+
+    def to_dict(self) -> dict[str, Any]:
+        stages = []
+        for name in STAGES:
+            outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
+            stage = {
+                "name": name,
+                "state": outcome.state,
+                "outputs": outcome.manifest.get("outputs", []),
+                "figures": outcome.manifest.get("figures", {}),
+            }
+            if outcome.message:
+                stage["message"] = outcome.message
+            stages.append(stage)
+        return {"stages": stages}
+
+    def print_json(self) -> None:
+        sys.stdout.flush()
+        print(json.dumps(self.to_dict(), default=str), flush=True)
+
+    def markdown(self) -> str:
+        lines = [f"# {self.title}", "", "| stage | state | seconds | figures |", "|---|---|---|---|"]
+        for name in STAGES:
+            outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
+            figures = ", ".join(f"{key}={_short(value)}" for key, value in outcome.manifest.get("figures", {}).items())
+            note = f" ({outcome.message})" if outcome.message else ""
+            lines.append(f"| {name} | {outcome.state}{note} | {outcome.seconds:.2f} | {figures} |")
+        if self.links:
+            lines += ["", *(f"- {label}: {target}" for label, target in self.links.items())]
+        return "\n".join(lines) + "\n"
+
+    def publish_artifact(self, key: str) -> None:
+        try:
+            from prefect.artifacts import create_markdown_artifact
+
+            create_markdown_artifact(self.markdown(), key=key, description=self.title)
+        except Exception as error:  # the summary artifact is a convenience, never a reason to fail a run
+            log.warning("summary artifact not created: %s", error)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

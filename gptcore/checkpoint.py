@@ -1,0 +1,203 @@
+"""Checkpoints: everything an exact resume needs, written so that a crash never leaves a half file.
+
+A checkpoint directory holds, per checkpoint, `<name>.pt` (tensors and state, loaded with
+`torch.load(weights_only=True)`) and `<name>.json` (a sidecar with step, fingerprint, config, metadata
+and the `.pt` file's sha256, cheap to read), plus `manifest.json` listing them. Names: `step-00000100`
+for periodic checkpoints (the newest `keep_last` kept), `best` (lowest validation loss) and `final`.
+Every file is written to a temporary name, fsynced, then renamed over the old one; the manifest last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptcore.errors import CheckpointError
+from gptcore.fingerprint import sha256_file
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+# --- RNG states in forms weights_only loading accepts ---------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    version, state, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "python": {"version": version, "state": torch.tensor(state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    numpy = state["numpy"]
+    keys = numpy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((numpy["kind"], keys, numpy["position"], numpy["has_gauss"], numpy["cached"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- atomic files ---------------------------------------------------------------------------------
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # platforms without directory descriptors
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _atomic_write(target: Path, write: Any) -> None:
+    """`write(handle)` into a temporary sibling, fsync, rename over `target`; no partial file remains."""
+    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _write_json(target: Path, value: Any) -> None:
+    _atomic_write(target, lambda handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode()))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable checkpoint record ({type(error).__name__})") from None
+
+
+# --- the directory --------------------------------------------------------------------------------
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return {"format_version": FORMAT_VERSION, "checkpoints": {}}
+    return _read_json(path)
+
+
+def save_checkpoint(
+    directory: Path, name: str, state: dict[str, Any], record: dict[str, Any], keep_last: int | None = None
+) -> tuple[Path, float]:
+    """Write `<name>.pt`, its sidecar and the manifest; then prune periodic checkpoints beyond
+    `keep_last`. Returns (path, seconds taken). A failing write leaves the previous files intact."""
+    started = time.perf_counter()
+    directory = Path(directory)
+    path = directory / f"{name}.pt"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, lambda handle: torch.save(state, handle))
+        sidecar = {**record, "name": name, "file": path.name, "sha256": sha256_file(path)}
+        sidecar.update(bytes=path.stat().st_size, format_version=FORMAT_VERSION, written_at=time.time())
+        _write_json(directory / f"{name}.json", sidecar)
+        manifest = read_manifest(directory)
+        manifest["checkpoints"][name] = {k: sidecar[k] for k in ("file", "sha256", "step", "kind")}
+        _write_json(directory / MANIFEST, manifest)
+        _fsync_directory(directory)
+    except OSError as error:
+        raise CheckpointError(
+            f"{path}: checkpoint write failed ({error.strerror or error}); the previous checkpoint is kept"
+        ) from None
+    if keep_last is not None:
+        _prune(directory, keep_last)
+    return path, time.perf_counter() - started
+
+
+def _prune(directory: Path, keep_last: int) -> None:
+    manifest = read_manifest(directory)
+    periodic = sorted(
+        (entry["step"], name) for name, entry in manifest["checkpoints"].items() if entry["kind"] == "step"
+    )
+    doomed = [name for _, name in periodic[:-keep_last]]
+    if not doomed:
+        return
+    for name in doomed:
+        del manifest["checkpoints"][name]
+    _write_json(directory / MANIFEST, manifest)  # forget first, then delete: never list a missing file
+    for name in doomed:
+        (directory / f"{name}.pt").unlink(missing_ok=True)
+        (directory / f"{name}.json").unlink(missing_ok=True)
+
+
+def latest_checkpoint(directory: Path | None) -> Path | None:
+    """The checkpoint a resume continues from: the highest step among periodic and final ones."""
+    if directory is None or not Path(directory).is_dir():
+        return None
+    entries = read_manifest(Path(directory))["checkpoints"].values()
+    candidates = sorted(
+        ((e["step"], e["kind"] == "final", e["file"]) for e in entries if e["kind"] in ("step", "final")),
+        reverse=True,
+    )
+    for _, _, file in candidates:
+        if (Path(directory) / file).is_file():
+            return Path(directory) / file
+    return None
+
+
+def named_checkpoint(directory: Path, name: str) -> Path | None:
+    path = Path(directory) / f"{name}.pt"
+    return path if path.is_file() else None
+
+
+def checkpoint_metadata(path: Path) -> dict[str, Any]:
+    """The sidecar: step, epoch, kind, fingerprint, config, model config, metadata, sha256; no tensors."""
+    path = Path(path)
+    sidecar = path.with_suffix(".json")
+    if not sidecar.is_file():
+        raise CheckpointError(f"{path}: no checkpoint record {sidecar.name} beside it")
+    return _read_json(sidecar)
+
+
+def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
+    """The state dict of a checkpoint, its content checked against the sha256 its record holds."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if verify:
+        expected = checkpoint_metadata(path).get("sha256")
+        if expected != sha256_file(path):
+            raise CheckpointError(f"{path}: checkpoint is corrupted (content sha256 differs from its record)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many kinds for a damaged file
+        raise CheckpointError(f"{path}: checkpoint cannot be loaded ({type(error).__name__})") from None
+
+
+def config_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Keys whose values differ (or exist on one side only), as `key: stored -> current`."""
+    keys = sorted(set(stored) | set(current))
+    return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in keys if stored.get(k) != current.get(k)]

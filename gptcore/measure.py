@@ -1,0 +1,167 @@
+"""Figures: FLOPs per token and MFU, the memory estimate, peak memory, steady-state throughput.
+
+MFU = achieved model FLOP/s / peak FLOP/s. Model FLOPs per token follow the PaLM appendix (as nanoGPT
+does): 6·N for the matmul weights (forward and backward) plus 12·L·T·d for attention scores and
+values, counted in full although causal kernels skip the masked half. The peak is the GPU's datasheet
+dense figure for the precision where the GPU is known, else a matmul measured in this process.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from gptcore.config import ModelConfig
+
+FLOP_FORMULA = "6*N_matmul + 12*n_layer*n_embd*block_size per token (fwd+bwd)"
+
+# Dense (no sparsity) tensor-core peaks in FLOP/s, from the vendors' datasheets (SXM parts).
+GPU_PEAKS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12},
+}
+
+
+def flops_per_token(config: ModelConfig, matmul_parameters: int) -> int:
+    return 6 * matmul_parameters + 12 * config.n_layer * config.n_embd * config.block_size
+
+
+def mfu(tokens_per_second: float, flops_token: int, peak_flops: float) -> float:
+    return tokens_per_second * flops_token / peak_flops if peak_flops > 0 else 0.0
+
+
+@cache
+def measured_matmul_peak(device: str, precision: str, size: int = 2048, seconds: float = 0.4) -> float:
+    """The best FLOP/s of a square matmul in this precision on this device, now, with this process's
+    thread count: the roof the model's matmuls can reach here."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if device == "cpu" and precision == "fp16":
+        dtype = torch.bfloat16  # fp16 autocast on CPU runs its matmuls no faster than bf16's roof
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    for attempt in range(50):
+        _synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+        if attempt >= 2 and time.perf_counter() > deadline:
+            break
+    return 2 * size**3 / best
+
+
+def peak_flops(device: str, precision: str, tf32: bool) -> tuple[float, str]:
+    """(peak FLOP/s, where it comes from)."""
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        key = precision if precision != "fp32" else ("tf32" if tf32 else "")
+        for family, peaks in GPU_PEAKS.items():
+            if family in name and key in peaks:
+                return peaks[key], f"{family} datasheet dense {key}"
+    return measured_matmul_peak(device, precision), f"measured {precision} matmul on {device}"
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def estimate_memory(config: ModelConfig, parameters: int, batch_size: int, precision: str) -> dict[str, int]:
+    """Bytes at the peak of a training step. Weights stay fp32 under autocast (AdamW's master copy);
+    gradients fp32; AdamW holds two fp32 moments. Activations per layer and token follow Korthikanti
+    et al. (34·d bytes in 16-bit, no attention-score term with flash/SDPA kernels), doubled in fp32;
+    the logits add batch·T·V at the activation width plus fp32 softmax gradients."""
+    width = 2 if precision in ("bf16", "fp16") else 4
+    tokens = batch_size * config.block_size
+    weights = 4 * parameters
+    per_layer = tokens * config.n_embd * 17 * width  # 34·d bytes at 2 bytes per value
+    logits = tokens * config.vocab_size * (width + 4 + 4)
+    embeddings = tokens * config.n_embd * 4 * 2
+    activations = config.n_layer * per_layer + logits + embeddings
+    if precision != "fp32":
+        weights += 2 * parameters  # autocast keeps a 16-bit copy of the weights for the step
+    total = weights + 4 * parameters + 8 * parameters + activations
+    return {
+        "weights": weights,
+        "gradients": 4 * parameters,
+        "optimizer": 8 * parameters,
+        "activations": activations,
+        "total": total,
+    }
+
+
+def reset_peak_memory(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_bytes(device: str) -> int:
+    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident set
+    (for the process's whole life, so it includes everything loaded before training)."""
+    if device == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+@dataclass
+class Throughput:
+    """Tokens and steps per second. `steady_*` covers steady-state steps only: the first `warmup` steps
+    after a (re)start of the loop (allocator growth, kernel selection, compilation) are excluded.
+    `interval_*` covers the steps since the last log line. Time outside steps (evaluation,
+    checkpoints) is excluded by calling `start()` again before the next step."""
+
+    tokens_per_step: int
+    warmup: int = 2
+    steps_seen: int = 0
+    steady_steps: int = 0
+    steady_seconds: float = 0.0
+    interval_steps: int = 0
+    interval_seconds: float = 0.0
+    timed_steps: int = 0
+    timed_seconds: float = 0.0
+    _last: float | None = None
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+
+    def step_done(self) -> None:
+        """Record one optimizer step. On CUDA the step may only be queued; the caller synchronises at
+        log intervals, so the time of a whole interval is still right."""
+        now = time.perf_counter()
+        if self._last is not None:
+            elapsed = now - self._last
+            self.interval_steps += 1
+            self.interval_seconds += elapsed
+            self.timed_steps += 1
+            self.timed_seconds += elapsed
+            if self.steps_seen >= self.warmup:
+                self.steady_steps += 1
+                self.steady_seconds += elapsed
+        self.steps_seen += 1
+        self._last = now
+
+    def take_interval(self) -> tuple[float, float]:
+        """(steps/s, tokens/s) since the last call."""
+        rate = self.interval_steps / self.interval_seconds if self.interval_seconds > 0 else 0.0
+        self.interval_steps, self.interval_seconds = 0, 0.0
+        return rate, rate * self.tokens_per_step
+
+    @property
+    def steps_per_second(self) -> float:
+        if self.steady_seconds > 0:
+            return self.steady_steps / self.steady_seconds
+        # A run too short for a steady state: every timed step, warm-up included (an underestimate).
+        return self.timed_steps / self.timed_seconds if self.timed_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.steps_per_second * self.tokens_per_step

@@ -1,0 +1,196 @@
+"""Device and precision resolution: every runtime decision made explicitly, then reported.
+
+`resolve_runtime` turns what the user asked for (`RuntimeConfig`, with `auto`s and unset fields) into a
+concrete `Runtime`, taking the profile's CPU or GPU defaults for whatever was left unset. Asking for
+something this machine cannot do is a `DeviceError`, never a silent fallback. `device_report` is the
+environment check the CLI's `gptpipe device` and the pipeline's device stage print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from functools import cache
+from typing import Any, Literal
+
+import torch
+
+from gptcore.config import ConcretePrecision, DeviceDefaults, ModelProfile, RuntimeConfig
+from gptcore.errors import DeviceError
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A resolved runtime: what the trainer runs with, and what the startup line reports."""
+
+    device: Literal["cpu", "cuda"]
+    precision: ConcretePrecision
+    batch_size: int
+    grad_accum_steps: int
+    workers: int
+    fused_adamw: bool
+    tf32_enabled: bool
+    tensor_cores_enabled: bool
+    pin_memory: bool
+    compile: bool
+    cpu_threads: int
+    precision_source: str  # "requested" or "profile default" or why auto chose it
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.precision]
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.precision == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed precision for the forward pass; fp32 runs without autocast at all."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device, dtype=self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DefaultsSource = Callable[[str], DeviceDefaults] | ModelProfile
+
+
+def _defaults(source: DefaultsSource, request: RuntimeConfig, device: str) -> DeviceDefaults:
+    if callable(source):
+        return source(device)
+    override = request.gpu if device == "cuda" else request.cpu
+    return override or (source.gpu if device == "cuda" else source.cpu)
+
+
+def resolve_device(requested: str) -> Literal["cpu", "cuda"]:
+    if requested == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if requested == "cuda":
+        raise DeviceError(
+            f"--device cuda: CUDA is not available (torch {torch.__version__}, "
+            f"{'a CPU-only build' if torch.version.cuda is None else 'no GPU visible or driver missing'}); "
+            "run with --device cpu or auto, or install a CUDA build of torch on a machine with a GPU"
+        )
+    return "cpu"
+
+
+def _bf16_supported(device: str) -> bool:
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return True  # CPU autocast runs bf16 everywhere (fast where the CPU has AVX512-BF16 or AMX)
+
+
+def resolve_precision(
+    requested: str, default: ConcretePrecision, device: str
+) -> tuple[ConcretePrecision, str]:
+    """(precision, why). An explicit bf16 on a GPU without it is an error; a profile default of bf16
+    there falls back to fp16 and says so in `precision_source`."""
+    if requested != "auto":
+        if requested == "bf16" and not _bf16_supported(device):
+            raise DeviceError(
+                f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; "
+                "use --precision fp16 (mixed precision with gradient scaling) or --precision fp32"
+            )
+        return requested, "requested"  # type: ignore[return-value]
+    if default == "bf16" and not _bf16_supported(device):
+        return "fp16", "auto: profile default bf16 is unsupported on this GPU, fp16 with gradient scaling"
+    return default, "auto: profile default"
+
+
+@cache
+def fused_adamw_supported(device: str) -> bool:
+    """Whether the installed build runs fused AdamW on this device: tried with one real step."""
+    try:
+        parameter = torch.zeros(4, device=device, requires_grad=True)
+        parameter.grad = torch.ones_like(parameter)
+        torch.optim.AdamW([parameter], lr=1e-3, fused=True).step()
+        return True
+    except (RuntimeError, ValueError, TypeError):
+        return False
+
+
+def resolve_runtime(request: RuntimeConfig, defaults_for: DefaultsSource) -> Runtime:
+    device = resolve_device(request.device)
+    defaults = _defaults(defaults_for, request, device)
+    precision, source = resolve_precision(request.precision, defaults.precision, device)
+    tf32 = device == "cuda"
+    return Runtime(
+        device=device,
+        precision=precision,
+        batch_size=request.batch_size or defaults.batch_size,
+        grad_accum_steps=request.grad_accum_steps or defaults.grad_accum_steps,
+        workers=defaults.workers if request.workers is None else request.workers,
+        fused_adamw=fused_adamw_supported(device),
+        tf32_enabled=tf32,
+        tensor_cores_enabled=device == "cuda" and (tf32 or precision != "fp32"),
+        pin_memory=device == "cuda",
+        compile=request.compile,
+        cpu_threads=torch.get_num_threads(),
+        precision_source=source,
+    )
+
+
+def apply_runtime(runtime: Runtime) -> None:
+    """Process-wide switches the runtime implies: TF32 matmuls and convolutions on CUDA."""
+    if runtime.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = runtime.tf32_enabled
+        torch.backends.cudnn.allow_tf32 = runtime.tf32_enabled
+        torch.set_float32_matmul_precision("high" if runtime.tf32_enabled else "highest")
+
+
+@contextlib.contextmanager
+def cuda_errors_as_device_errors() -> Iterator[None]:
+    """A CUDA initialisation failure (driver, busy GPU) comes out as one line, not a traceback."""
+    try:
+        yield
+    except RuntimeError as error:
+        if "CUDA" not in str(error) or "out of memory" in str(error):
+            raise
+        raise DeviceError(f"CUDA failed to start: {str(error).splitlines()[0]}") from None
+
+
+def processor_name() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def device_report(device: str = "auto") -> dict[str, Any]:
+    """The environment as facts: torch, CUDA, the device a run would take, what it supports."""
+    resolved = resolve_device(device)
+    cuda = torch.cuda.is_available()
+    report: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "torch_cuda_version": torch.version.cuda,
+        "cuda_available": cuda,
+        "cuda_device_count": torch.cuda.device_count() if cuda else 0,
+        "device": resolved,
+        "processor": processor_name(),
+        "cpu_threads": torch.get_num_threads(),
+        "gpu_name": None,
+        "gpu_memory_bytes": None,
+        "gpu_compute_capability": None,
+        "bf16_supported": _bf16_supported(resolved),
+        "fp16_supported": True,
+        "tf32_supported": False,
+        "fused_adamw_supported": fused_adamw_supported(resolved),
+    }
+    if resolved == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        report.update(
+            gpu_name=properties.name,
+            gpu_memory_bytes=int(properties.total_memory),
+            gpu_compute_capability=f"{properties.major}.{properties.minor}",
+            tf32_supported=properties.major >= 8,  # Ampere and later have TF32 tensor cores
+        )
+    return report

@@ -1,0 +1,533 @@
+"""The trainer: one `TrainJob` in, a summary dict out, progress through `TrainingCallback`s.
+
+The trainer prints nothing: the CLI installs `gptcore.console.JsonLinesCallback` for its JSON lines, the
+pipeline its MLflow adapter. Host synchronisation (`.item()`) happens only at log intervals,
+evaluations and checkpoints, so CUDA keeps its queue full between them.
+
+Exact resume: the data order of any step is a function of (seed, epoch, step in epoch), and a
+checkpoint holds model, optimizer, schedule, scaler and every RNG state, so a resumed run replays the
+uninterrupted one (bit for bit on CPU in fp32). A resume whose trajectory-determining config differs
+from the checkpoint's is refused with the differing keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptcore import checkpoint as ckpt
+from gptcore.callbacks import TrainingCallback
+from gptcore.config import ModelConfig, PipelineParams, RuntimeConfig, TrainingConfig
+from gptcore.errors import CheckpointError, ConfigError, DataError, GptpipeError, TrainingError
+from gptcore.examples import BatchLoader, ExampleSet, StepPlan, epoch_order, open_examples, unigram_loss
+from gptcore.fingerprint import code_version, fingerprint
+from gptcore.measure import (
+    FLOP_FORMULA,
+    Throughput,
+    estimate_memory,
+    flops_per_token,
+    mfu,
+    peak_flops,
+    peak_memory_bytes,
+    reset_peak_memory,
+)
+from gptcore.model import GPT, optimizer_groups
+from gptcore.runtime import DefaultsSource, Runtime, apply_runtime, device_report, resolve_runtime
+from gptcore.schedule import WarmupCosine
+from gptcore.tokenfile import TokenStream
+
+TokenSource = Path | TokenStream
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything one training run needs. `device_defaults` supplies batch size, precision and workers
+    for the resolved device when the runtime request leaves them unset (a ModelProfile or a callable
+    such as `PipelineParams.defaults_for`)."""
+
+    model: ModelConfig
+    runtime: RuntimeConfig
+    training: TrainingConfig
+    train_tokens: TokenSource | None
+    validation_tokens: TokenSource | None = None
+    checkpoint_directory: Path | None = None
+    resume: bool = False
+    dry_run: bool = False
+    device_defaults: DefaultsSource | None = None
+    tokenizer: Path | None = None
+    extra_fingerprint: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1  # data-parallel ranks (scale-out issue); one process until then
+    rank: int = 0
+
+    @classmethod
+    def from_params(cls, params: PipelineParams, stage: str = "full", **fields: Any) -> TrainJob:
+        """A job for the `smoke` or `full` section of an iteration's parameters."""
+        training = params.smoke if stage == "smoke" else params.full
+        return cls(
+            model=params.model.architecture,
+            runtime=params.runtime,
+            training=training,
+            device_defaults=params.defaults_for,
+            **fields,
+        )
+
+
+def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> dict[str, Any]:
+    """Run the job; return the summary. Failures reach the callbacks' `on_failure`, then propagate as
+    a GptpipeError (out of memory included, with what to do about it)."""
+    events = callbacks or TrainingCallback()
+    try:
+        return _Run(job, events).execute()
+    except GptpipeError as error:
+        events.on_failure(str(error))
+        raise
+    except BaseException as error:
+        events.on_failure(f"{type(error).__name__}: {error}".splitlines()[0])
+        raise
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def _defaults_source(job: TrainJob) -> DefaultsSource:
+    if job.device_defaults is not None:
+        return job.device_defaults
+    from gptcore.config import DeviceDefaults
+
+    fallback = DeviceDefaults(batch_size=8)
+    return lambda device: (job.runtime.gpu if device == "cuda" else job.runtime.cpu) or fallback
+
+
+def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), item, into)
+    else:
+        into[prefix] = value
+
+
+def _stream_identity(source: TokenSource | None) -> str | None:
+    if source is None:
+        return None
+    if isinstance(source, TokenStream):
+        return source.manifest.sha256 if source.manifest else f"{source.path.name}:{len(source)} tokens"
+    return f"{Path(source).name}:{Path(source).stat().st_size} bytes"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+def accumulate_gradients(
+    forward: Any,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    accum: int,
+    runtime: Runtime,
+    scaler: torch.amp.GradScaler,
+) -> torch.Tensor:
+    """Forward and backward over the next `accum` micro-batches, adding the gradient of their mean loss
+    (each micro-batch's mean loss / accum) into `.grad`. Returns the sum of the micro-batch losses,
+    detached and still on the device (no host sync)."""
+    total = None
+    for _ in range(accum):
+        x, y = next(batches)
+        with runtime.autocast():
+            _, loss = forward(x, y)
+        scaler.scale(loss / accum).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total
+
+
+class _Run:
+    def __init__(self, job: TrainJob, events: TrainingCallback) -> None:
+        self.job = job
+        self.events = events
+        self.training = job.training
+        self.runtime: Runtime = resolve_runtime(job.runtime, _defaults_source(job))
+        apply_runtime(self.runtime)
+        self.plan = StepPlan(self.runtime.batch_size, self.runtime.grad_accum_steps, job.world_size, job.rank)
+        self.train_set, self.val_set = self._open_data()
+        self._seed(self.training.seed)
+        self.model = GPT(job.model).to(self.runtime.device)
+        self.forward = torch.compile(self.model) if self.runtime.compile else self.model
+        self.optimizer = self._optimizer()
+        self.planned_steps = self._planned_steps()
+        opt = self.training.optimizer
+        warmup = min(opt.warmup_steps, max(0, (self.planned_steps or 1) - 1))
+        total = self.planned_steps or 1
+        self.schedule = WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
+        self.scaler = torch.amp.GradScaler(self.runtime.device, enabled=self.runtime.uses_grad_scaler)
+        self.config = self._resume_config()
+        self.fingerprint = fingerprint(self.config)
+        self.step = 0
+        self.best_val_loss: float | None = None
+        self.resumed_from: Path | None = None
+        self.save_seconds = 0.0
+        self.saved: dict[str, str] = {}
+        self.last_train_loss: float | None = None
+        self.last_val_loss: float | None = None
+        self.unigram: float | None = None
+        self.tokens_per_step = self.plan.global_batch * job.model.block_size
+
+    # --- setup ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _seed(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def _open_data(self) -> tuple[ExampleSet | None, ExampleSet | None]:
+        job, cfg = self.job, self.job.model
+        if job.train_tokens is None:
+            if not job.dry_run:
+                raise ConfigError("--train-tokens: a training token file is required (or --dry-run)")
+            return None, None
+        train = open_examples(
+            job.train_tokens, cfg.block_size, cfg.vocab_size, self.training.training_examples
+        )
+        if self.plan.steps_per_epoch(train.count) == 0:
+            raise DataError(
+                f"{train.stream.path}: {train.count} training examples fill no optimizer step of "
+                f"{self.plan.global_batch} (batch {self.plan.batch_size} x accumulation "
+                f"{self.plan.grad_accum_steps}); lower --batch-size/--grad-accum or add data"
+            )
+        validation = None
+        if job.validation_tokens is not None:
+            validation = open_examples(
+                job.validation_tokens,
+                cfg.block_size,
+                cfg.vocab_size,
+                self.training.validation_examples,
+                "validation",
+            )
+        return train, validation
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        opt = self.training.optimizer
+        return torch.optim.AdamW(
+            optimizer_groups(self.model, opt.weight_decay),
+            lr=opt.learning_rate,
+            betas=(opt.beta1, opt.beta2),
+            fused=self.runtime.fused_adamw,
+            foreach=None if self.runtime.fused_adamw else True,
+        )
+
+    def _planned_steps(self) -> int | None:
+        cap = self.training.max_steps
+        if self.train_set is None:
+            return cap
+        per_epoch = self.plan.steps_per_epoch(self.train_set.count)
+        return min(per_epoch * self.training.epochs, cap or per_epoch * self.training.epochs)
+
+    def _resume_config(self) -> dict[str, Any]:
+        """What determines the training trajectory: a resume must match it exactly. Per-device batch
+        and accumulation may change as long as the global batch stays (after an OOM, on more ranks)."""
+        t = self.training
+        config: dict[str, Any] = {}
+        _flatten("model", self.job.model.model_dump(), config)
+        _flatten("optimizer", t.optimizer.model_dump(), config)
+        config.update(
+            {
+                "training.seed": t.seed,
+                "training.epochs": t.epochs,
+                "training.max_steps": t.max_steps,
+                "training.training_examples": self.train_set.count if self.train_set else None,
+                "global_batch": self.plan.global_batch,
+                "precision": self.runtime.precision,
+                "data.train_tokens": _stream_identity(self.job.train_tokens),
+            }
+        )
+        _flatten("data", self.job.extra_fingerprint, config)
+        return json.loads(json.dumps(config, default=str))  # as the JSON sidecar will hold it
+
+    # --- records ----------------------------------------------------------------------------------
+
+    def startup_record(self) -> dict[str, Any]:
+        cfg, runtime = self.job.model, self.runtime
+        report = device_report(runtime.device)
+        estimate = estimate_memory(cfg, self.model.parameter_count(), runtime.batch_size, runtime.precision)
+        self.flops_token = flops_per_token(cfg, self.model.matmul_parameter_count())
+        self.peak, self.peak_source = peak_flops(runtime.device, runtime.precision, runtime.tf32_enabled)
+        self.estimate = estimate
+        per_epoch = self.plan.steps_per_epoch(self.train_set.count) if self.train_set else None
+        return {
+            "event": "startup",
+            **{k: report[k] for k in ("processor", "gpu_name", "gpu_memory_bytes", "torch_version")},
+            "cuda_available": report["cuda_available"],
+            **runtime.to_dict(),
+            "sequence_length": cfg.block_size,
+            "parameter_count": self.model.parameter_count(),
+            "matmul_parameter_count": self.model.matmul_parameter_count(),
+            "max_steps": self.training.max_steps,
+            "epochs": self.training.epochs,
+            "planned_steps": self.planned_steps,
+            "tokens_per_step": self.tokens_per_step,
+            "planned_tokens": self.planned_steps * self.tokens_per_step if self.planned_steps else None,
+            "train_examples": self.train_set.count if self.train_set else None,
+            "validation_examples": self.val_set.count if self.val_set else None,
+            "steps_per_epoch": per_epoch,
+            "estimated_peak_memory_bytes": estimate["total"],
+            "estimated_memory": estimate,
+            "flops_per_token": self.flops_token,
+            "flop_formula": FLOP_FORMULA,
+            "peak_flops": self.peak,
+            "peak_flops_source": self.peak_source,
+            "checkpoint_directory": str(self.job.checkpoint_directory)
+            if self.job.checkpoint_directory
+            else None,
+            "start_step": self.step,
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "fingerprint": self.fingerprint,
+            "dry_run": self.job.dry_run,
+        }
+
+    def summary(self, meter: Throughput | None, started: float) -> dict[str, Any]:
+        steps_per_second = meter.steps_per_second if meter else 0.0
+        tokens_per_second = meter.tokens_per_second if meter else 0.0
+        planned = self.planned_steps or 0
+        return {
+            "event": "summary",
+            "steps": self.step,
+            "planned_steps": self.planned_steps,
+            "tokens_per_second": tokens_per_second,
+            "steps_per_second": steps_per_second,
+            "mfu": mfu(tokens_per_second, self.flops_token, self.peak),
+            "peak_flops": self.peak,
+            "peak_memory_bytes": peak_memory_bytes(self.runtime.device),
+            "estimated_peak_memory_bytes": self.estimate["total"],
+            "final_train_loss": self.last_train_loss,
+            "final_val_loss": self.last_val_loss,
+            "best_val_loss": self.best_val_loss,
+            "unigram_val_loss": self.unigram,
+            "elapsed_seconds": time.perf_counter() - started,
+            "estimated_total_seconds": planned / steps_per_second if steps_per_second > 0 else None,
+            "checkpoint_save_seconds": self.save_seconds,
+            "final_checkpoint": self.saved.get("final"),
+            "best_checkpoint": self.saved.get("best"),
+            "latest_checkpoint": self.saved.get("latest"),
+            "dry_run": self.job.dry_run,
+        }
+
+    # --- resume and checkpoints -------------------------------------------------------------------
+
+    def restore(self) -> None:
+        path = ckpt.latest_checkpoint(self.job.checkpoint_directory)
+        if path is None:
+            return  # nothing to resume: the startup line shows start_step 0 and resumed_from null
+        stored = ckpt.checkpoint_metadata(path)
+        differences = ckpt.config_differences(stored.get("config", {}), self.config)
+        if differences:
+            raise CheckpointError(
+                f"--resume: {path} was written with a different configuration: " + "; ".join(differences)
+            )
+        state = ckpt.load_checkpoint(path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        ckpt.restore_rng(state["rng"])
+        self.step = int(state["step"])
+        self.best_val_loss = state["best_val_loss"]
+        self.resumed_from = path
+
+    def save(self, kind: str) -> None:
+        directory = self.job.checkpoint_directory
+        if directory is None:
+            return
+        per_epoch = self.plan.steps_per_epoch(self.train_set.count)
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "epoch": self.step // per_epoch,
+            "position": (self.step % per_epoch)
+            * self.plan.global_batch,  # examples of the epoch's order used
+            "rng": ckpt.capture_rng(),
+            "best_val_loss": self.best_val_loss,
+            "fingerprint": self.fingerprint,
+        }
+        metadata = dict(self.job.metadata)
+        if self.job.tokenizer is not None:
+            metadata.setdefault("tokenizer", str(Path(self.job.tokenizer).resolve()))
+        record = {
+            "kind": kind,
+            "step": self.step,
+            "epoch": state["epoch"],
+            "position": state["position"],
+            "fingerprint": self.fingerprint,
+            "config": self.config,
+            "model_config": self.job.model.model_dump(),
+            "metadata": metadata,
+            "train_loss": self.last_train_loss,
+            "val_loss": self.last_val_loss,
+            "code_version": code_version(),
+        }
+        name = ckpt.step_name(self.step) if kind == "step" else kind
+        keep = self.training.keep_last if kind == "step" else None
+        path, seconds = ckpt.save_checkpoint(Path(directory), name, state, record, keep)
+        self.save_seconds += seconds
+        self.saved["latest" if kind == "step" else kind] = str(path)
+        self.events.on_checkpoint(path, {"step": self.step, "kind": kind, "seconds": seconds})
+
+    # --- evaluation -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        if self.val_set is None:
+            return
+        self.model.eval()
+        loader = BatchLoader(self.val_set, self.runtime.device, self.runtime.pin_memory, 0)
+        batch = self.runtime.batch_size
+        indices = (
+            np.arange(s, min(s + batch, self.val_set.count)) for s in range(0, self.val_set.count, batch)
+        )
+        total = torch.zeros((), device=self.runtime.device, dtype=torch.float64)
+        for x, y in loader.batches(indices):
+            with self.runtime.autocast():
+                _, loss = self.model(x, y)
+            total += loss.double() * x.shape[0]
+        self.model.train()
+        self.last_val_loss = float(total.item()) / self.val_set.count
+        metrics: dict[str, Any] = {
+            "step": self.step,
+            "val_loss": self.last_val_loss,
+            "val_perplexity": math.exp(min(self.last_val_loss, 700.0)),
+        }
+        if self.unigram is None:
+            self.unigram = unigram_loss(self.train_set, self.val_set, self.job.model.vocab_size)
+            metrics["unigram_val_loss"] = self.unigram
+        self.events.on_eval(metrics)
+        if self.best_val_loss is None or self.last_val_loss < self.best_val_loss:
+            self.best_val_loss = self.last_val_loss
+            self.save("best")
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def _micro_batch_indices(self) -> Iterator[np.ndarray]:
+        per_epoch = self.plan.steps_per_epoch(self.train_set.count)
+        order_of: tuple[int, np.ndarray] | None = None
+        for step in range(self.step, self.planned_steps):
+            epoch, position = divmod(step, per_epoch)
+            if order_of is None or order_of[0] != epoch:
+                order_of = (epoch, epoch_order(self.train_set.count, self.training.seed, epoch))
+            yield from self.plan.micro_batches(order_of[1], position)
+
+    def _grad_norm(self, clip: float) -> torch.Tensor:
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(parameters, clip if clip > 0 else float("inf"), foreach=True)
+
+    def _log(self, meter: Throughput, loss_sum: torch.Tensor, steps: int, grad_norm: torch.Tensor) -> None:
+        self.last_train_loss = float(loss_sum.item()) / (steps * self.plan.grad_accum_steps)
+        if not math.isfinite(self.last_train_loss):
+            raise TrainingError(
+                f"training loss is {self.last_train_loss} at step {self.step}; stopped (the last checkpoint "
+                "is kept): lower the learning rate or use --precision bf16/fp32"
+            )
+        steps_per_second, tokens_per_second = meter.take_interval()
+        self.events.on_step(
+            {
+                "step": self.step,
+                "train_loss": self.last_train_loss,
+                "learning_rate": self.schedule.rate(self.step - 1),
+                "grad_norm": float(grad_norm.item()),
+                "tokens_per_second": tokens_per_second,
+                "steps_per_second": steps_per_second,
+                "mfu": mfu(tokens_per_second, self.flops_token, self.peak),
+                "epoch": (self.step - 1) // self.plan.steps_per_epoch(self.train_set.count),
+            }
+        )
+
+    def train_steps(self, meter: Throughput) -> None:
+        t, accum = self.training, self.plan.grad_accum_steps
+        loader = BatchLoader(
+            self.train_set, self.runtime.device, self.runtime.pin_memory, self.runtime.workers
+        )
+        batches = loader.batches(self._micro_batch_indices())
+        loss_sum = torch.zeros((), device=self.runtime.device)
+        interval = 0
+        meter.start()
+        try:
+            while self.step < self.planned_steps:
+                self.schedule.apply(self.optimizer, self.step)
+                loss_sum += accumulate_gradients(self.forward, batches, accum, self.runtime, self.scaler)
+                self.scaler.unscale_(self.optimizer)
+                logging = (self.step + 1) % t.log_every == 0 or self.step + 1 == self.planned_steps
+                grad_norm = (
+                    self._grad_norm(t.optimizer.grad_clip) if t.optimizer.grad_clip > 0 or logging else None
+                )
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                interval += 1
+                meter.step_done()
+                if logging:
+                    self._log(meter, loss_sum, interval, grad_norm)
+                    loss_sum.zero_()
+                    interval = 0
+                self._between_steps(meter)
+        finally:
+            loader.close()
+
+    def _between_steps(self, meter: Throughput) -> None:
+        """Evaluation and periodic checkpoints, outside the throughput clock."""
+        t, interrupted = self.training, False
+        if self.step % t.eval_every == 0 and self.step < self.planned_steps:
+            self.evaluate()
+            interrupted = True
+        if self.step % t.checkpoint_every == 0 and self.step < self.planned_steps:
+            self.save("step")
+            interrupted = True
+        if interrupted:
+            meter.start()
+
+    def execute(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        if self.job.resume and not self.job.dry_run:
+            self.restore()
+        self.events.on_start(self.startup_record())
+        if self.job.dry_run:
+            summary = self.summary(None, started)
+            self.events.on_end(summary)
+            return summary
+        reset_peak_memory(self.runtime.device)
+        meter = Throughput(self.tokens_per_step)
+        try:
+            self.train_steps(meter)
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not is_out_of_memory(error):
+                raise
+            raise TrainingError(self._oom_advice()) from None
+        self.evaluate()
+        self.save("final")
+        summary = self.summary(meter, started)
+        self.events.on_end(summary)
+        return summary
+
+    def _oom_advice(self) -> str:
+        if self.runtime.device == "cuda":
+            torch.cuda.empty_cache()
+        batch, accum = self.runtime.batch_size, self.runtime.grad_accum_steps
+        last = ckpt.latest_checkpoint(self.job.checkpoint_directory)
+        kept = f"the last checkpoint {last} is kept: add --resume to continue from it, or use a fresh "
+        return (
+            f"out of memory on {self.runtime.device} at batch size {batch} (estimated peak "
+            f"{self.estimate['total'] / 2**30:.1f} GiB): rerun with --batch-size {max(1, batch // 2)} "
+            f"--grad-accum {accum * 2} to keep the effective batch of {self.plan.global_batch}; "
+            + (kept + "--checkpoint-directory" if last else "no checkpoint had been written yet")
+        )

@@ -1,0 +1,103 @@
+"""The five pipeline stages as the flow calls them: fingerprint, cached task, outputs checked, recorded.
+
+Each function computes the stage's fingerprint from what determines its output, runs the cached task
+through `run_cached` (which reruns a hit whose files are missing or changed) and records the stage in
+MLflow. Only the device check runs every time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gptcore.config import PipelineParams
+from tasks import data_stages, training_stages
+from tasks.caching import StageOutcome, run_cached
+from tasks.device_stage import device_task
+from tasks.tracking_bridge import PipelineTracking
+
+
+def data_root(params: PipelineParams) -> str:
+    return str(Path(params.paths.data_root).resolve())
+
+
+def tokenizer(params: PipelineParams, tracking: PipelineTracking) -> StageOutcome:
+    corpus_fp, fingerprint = data_stages.tokenizer_stage_fingerprint(params.corpus, params.tokenizer)
+    outcome = run_cached(
+        "tokenizer",
+        data_stages.tokenizer_task,
+        fingerprint=fingerprint,
+        corpus=params.corpus,
+        tokenizer=params.tokenizer,
+        data_root=data_root(params),
+        corpus_fp=corpus_fp,
+    )
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineTracking) -> StageOutcome:
+    outcome = run_cached(
+        "tokens",
+        data_stages.tokens_task,
+        fingerprint=data_stages.tokens_stage_fingerprint(tokenizer.manifest),
+        corpus=params.corpus,
+        tokenizer_manifest=tokenizer.manifest,
+        data_root=data_root(params),
+    )
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def device(params: PipelineParams, tracking: PipelineTracking) -> StageOutcome:
+    started = time.perf_counter()
+    manifest = device_task(params)
+    outcome = StageOutcome("device", "completed", manifest, round(time.perf_counter() - started, 3))
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def smoke(
+    params: PipelineParams, tokens: StageOutcome, device: StageOutcome, tracking: PipelineTracking
+) -> StageOutcome:
+    fingerprint = training_stages.smoke_fingerprint(params, tokens.manifest, device.manifest)
+    outcome = run_cached(
+        "smoke",
+        training_stages.smoke_task,
+        fingerprint=fingerprint,
+        params=params,
+        tokens=tokens.manifest,
+        device=device.manifest,
+        run_context=tracking.context("smoke"),
+    )
+    tracking.record_stage(outcome)
+    training_stages.announce_smoke(outcome.manifest)
+    return outcome
+
+
+def full(
+    params: PipelineParams,
+    tokens: StageOutcome,
+    device: StageOutcome,
+    smoke: StageOutcome,
+    tracking: PipelineTracking,
+) -> StageOutcome:
+    refusal = training_stages.full_refusal(params, device.manifest)
+    if refusal:
+        outcome = StageOutcome("full", "skipped", message=refusal)
+        training_stages.announce(refusal)
+        tracking.record_stage(outcome)
+        return outcome
+    fingerprint = training_stages.full_fingerprint(params, tokens.manifest, device.manifest)
+    outcome = run_cached(
+        "full",
+        training_stages.full_task,
+        fingerprint=fingerprint,
+        params=params,
+        tokens=tokens.manifest,
+        device=device.manifest,
+        smoke=smoke.manifest,
+        run_context=tracking.context("full"),
+    )
+    tracking.record_stage(outcome)
+    return outcome

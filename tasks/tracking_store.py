@@ -1,0 +1,196 @@
+"""Where MLflow records go, checked before anything trains, and what never goes there.
+
+The embedded default is a SQLite store, `sqlite:///<cwd>/mlruns/mlflow.db`, with artifacts under
+`<cwd>/mlruns/artifacts` (MLflow 3.17 no longer accepts the old `./mlruns` file store).
+`MLFLOW_TRACKING_URI` wins over the parameter file's `tracking.uri`, which wins over the default; any
+tracking server works the same way. Every client is built with an explicit URI: nothing here reads or
+sets MLflow's process-wide tracking URI or active run, because Prefect runs tasks on worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from gptcore.errors import GptpipeError
+
+DEFAULT_STORE = "mlruns/mlflow.db"
+DEFAULT_ARTIFACTS = "mlruns/artifacts"
+PROBE_SECONDS = 5.0
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+# Environment worth seeing beside a run (what changes speed or placement); filtered by `redact` anyway.
+_ENVIRONMENT = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PREFECT_API_URL", "HOSTNAME")
+
+
+class TrackingError(GptpipeError):
+    """The tracking store cannot be reached or used; raised before any training starts."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class TrackingTarget:
+    """A resolved tracking location: the URI clients use and, for the embedded store, the artifact root."""
+
+    uri: str
+    artifact_location: str | None  # None: the server decides (a remote server's default artifact root)
+    source: str  # "MLFLOW_TRACKING_URI", "tracking.uri" or "default"
+
+    @property
+    def is_local(self) -> bool:
+        return self.uri.startswith("sqlite:")
+
+    @property
+    def is_http(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+    @property
+    def database(self) -> Path | None:
+        return Path(self.uri.removeprefix("sqlite:///")) if self.is_local else None
+
+
+def _local_target(path: str, artifacts: str, root: Path, source: str) -> TrackingTarget:
+    database = Path(path)
+    database = database if database.is_absolute() else root / database
+    artifact_root = Path(artifacts)
+    artifact_root = artifact_root if artifact_root.is_absolute() else root / artifact_root
+    return TrackingTarget(f"sqlite:///{database.resolve()}", artifact_root.resolve().as_uri(), source)
+
+
+def resolve_target(config: Any = None, root: Path | None = None) -> TrackingTarget:
+    """The tracking location from the environment, else `config` (a TrackingConfig), else the default.
+
+    Relative local paths resolve against `root` (the working directory by default)."""
+    root = Path(root or Path.cwd())
+    artifacts = getattr(config, "artifact_root", None) or DEFAULT_ARTIFACTS
+    for source, uri in (
+        ("MLFLOW_TRACKING_URI", os.environ.get("MLFLOW_TRACKING_URI")),
+        ("tracking.uri", getattr(config, "uri", None)),
+    ):
+        if not uri:
+            continue
+        if uri.startswith("sqlite:///"):
+            return _local_target(uri.removeprefix("sqlite:///"), artifacts, root, source)
+        if uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
+            return TrackingTarget(uri, None, source)
+        raise TrackingError(
+            f"{source} {redact(uri)!r}: not a store MLflow 3.17 accepts; use sqlite:///PATH/mlflow.db "
+            "or http(s)://HOST:PORT of a tracking server (the old ./mlruns file store is refused)"
+        )
+    return _local_target(DEFAULT_STORE, artifacts, root, "default")
+
+
+def _probe_http(uri: str) -> None:
+    health = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(health, timeout=PROBE_SECONDS) as response:
+            if response.status != 200:
+                raise TrackingError(f"tracking server {redact(uri)} answered {response.status} at /health")
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise TrackingError(
+            f"tracking server {redact(uri)} is unreachable ({reason}); start it (gptpipe ui), fix "
+            "MLFLOW_TRACKING_URI / tracking.uri, or unset them to use the local store mlruns/mlflow.db"
+        ) from None
+
+
+def connect(target: TrackingTarget) -> Any:
+    """An `MlflowClient` on `target`, proven usable by one read; a clear TrackingError otherwise."""
+    from mlflow import MlflowClient
+
+    if target.is_http:
+        _probe_http(target.uri)
+    if target.database is not None:
+        try:
+            target.database.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise TrackingError(
+                f"{target.database.parent}: cannot create the tracking store folder ({error})"
+            ) from None
+    client = MlflowClient(tracking_uri=target.uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as error:  # MLflow raises many kinds for a store it cannot open
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise TrackingError(f"tracking store {redact(target.uri)} cannot be used: {redact(first)}") from None
+    return client
+
+
+def ensure_experiment(client: Any, name: str, target: TrackingTarget) -> str:
+    """The id of the experiment `name`, created (artifacts under the target's root) when missing."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    location = f"{target.artifact_location}/{name}" if target.artifact_location else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:
+        # Another process created it between our look-up and create: take theirs.
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+# --- what never gets logged ---------------------------------------------------------------------------
+
+
+def secret_values(environ: dict[str, str] | None = None) -> list[str]:
+    """Values of environment variables whose names say TOKEN, KEY, SECRET or PASSWORD (long ones first)."""
+    environ = os.environ if environ is None else environ
+    values = {value for name, value in environ.items() if _SECRET_NAME.search(name) and len(value) >= 4}
+    return sorted(values, key=len, reverse=True)
+
+
+def _strip_url_password(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.password is None:
+        return text
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redact(value: Any, environ: dict[str, str] | None = None) -> str:
+    """`value` as text with every secret environment value and URL password replaced by `***`."""
+    text = str(value)
+    for secret in secret_values(environ):
+        text = text.replace(secret, "***")
+    if "://" in text and "@" in text:
+        text = _strip_url_password(text)
+    return text
+
+
+def environment_tags(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """A few environment variables as `env.NAME` tags; secret-named ones are never included."""
+    environ = os.environ if environ is None else environ
+    return {
+        f"env.{name}": redact(environ[name], environ)
+        for name in _ENVIRONMENT
+        if name in environ and not _SECRET_NAME.search(name)
+    }
+
+
+def git_commit(root: Path | None = None) -> str | None:
+    """The checked-out commit of the repository holding `root`, or None outside git."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=root or Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = result.stdout.strip()
+    return commit if result.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", commit) else None

@@ -1,0 +1,217 @@
+"""Smoke and full training as cached Prefect tasks over `gptcore.trainer`.
+
+Both are keyed on the token files' fingerprint, the model, the resolved runtime, the stage's training
+settings and the code version. Full training writes into a run folder named by that fingerprint, so a
+rerun after a failure finds its checkpoints there and resumes from the latest one, not from step 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from gptcore.config import PipelineParams, TrainingConfig
+from gptcore.errors import TrainingError
+from gptcore.fingerprint import code_version, fingerprint, sha256_file
+from tasks.caching import FILES_KEY, fingerprint_key
+from tasks.progress import PrefectProgress
+from tasks.smoke_gate import estimate_full_seconds, judge, memory_limit
+
+SMOKE_RECORD = "smoke.json"
+# Runtime fields that change what training computes (threads and pinning do not).
+_RUNTIME_KEYS = ("device", "precision", "batch_size", "grad_accum_steps", "compile")
+# Summary figures the report and the MLflow run show for a training stage.
+_HEADLINE = (
+    "final_val_loss",
+    "unigram_val_loss",
+    "final_train_loss",
+    "tokens_per_second",
+    "steps_per_second",
+    "mfu",
+    "peak_memory_bytes",
+    "estimated_peak_memory_bytes",
+    "steps",
+    "planned_steps",
+    "elapsed_seconds",
+    "estimated_total_seconds",
+    "start_step",
+)
+
+
+def announce(message: str) -> None:
+    """A line for the person at the terminal (stderr: stdout ends with the JSON record)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _training_fingerprint(
+    stage: str, params: PipelineParams, settings: TrainingConfig, tokens: dict, device: dict
+) -> str:
+    runtime = {key: device["runtime"][key] for key in _RUNTIME_KEYS if key in device["runtime"]}
+    machine = {key: device["device"].get(key) for key in ("device", "gpu_name", "torch_version")}
+    return fingerprint(
+        stage,
+        tokens["fingerprint"],
+        params.model.architecture.model_dump(),
+        runtime,
+        machine if stage == "smoke" else machine["device"],
+        settings.model_dump(),
+        code_version(),
+    )
+
+
+def smoke_fingerprint(params: PipelineParams, tokens: dict, device: dict) -> str:
+    # A smoke record vouches for one machine: a different GPU or torch build needs its own.
+    return _training_fingerprint("smoke", params, params.smoke, tokens, device)
+
+
+def full_fingerprint(params: PipelineParams, tokens: dict, device: dict) -> str:
+    return _training_fingerprint("full", params, params.full, tokens, device)
+
+
+def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) -> Path:
+    root = Path(params.paths.checkpoint_root).resolve()
+    return root / f"iteration-{params.iteration}-{stage}-{stage_fingerprint}"
+
+
+def planned_steps(settings: TrainingConfig, block_size: int, runtime: dict, train_tokens: int) -> int:
+    """Optimizer steps a run will take: epochs over the examples, capped by max_steps."""
+    examples = train_tokens // (block_size + 1)
+    if settings.training_examples is not None:
+        examples = min(examples, settings.training_examples)
+    per_epoch = examples // (runtime["batch_size"] * runtime["grad_accum_steps"])
+    steps = per_epoch * settings.epochs
+    return min(steps, settings.max_steps) if settings.max_steps else steps
+
+
+def full_refusal(params: PipelineParams, device: dict) -> str | None:
+    """Why full training must not start on this machine, or None."""
+    if not params.full.require_cuda or device["runtime"]["device"] == "cuda":
+        return None
+    if params.runtime.device == "cpu" and params.full.max_steps is not None:
+        return None  # the parameters explicitly ask for a bounded CPU run
+    return (
+        f"full training stopped: iteration {params.iteration} needs CUDA (full.require_cuda: true) and this "
+        "machine has none; the smoke record is complete. Run on a CUDA machine, or set runtime.device=cpu "
+        "with a bounded full.max_steps to train on CPU anyway."
+    )
+
+
+def _train(
+    params: PipelineParams,
+    settings: TrainingConfig,
+    tokens: dict,
+    device: dict,
+    directory: Path,
+    callbacks: list[Any],
+    resume: bool,
+) -> dict[str, Any]:
+    """One gptcore training run; the trainer writes checkpoints into `directory`."""
+    from gptcore.callbacks import CallbackList
+    from gptcore.trainer import TrainJob, train
+
+    stage = "smoke" if settings is params.smoke else "full"
+    job = TrainJob.from_params(
+        params,
+        stage,
+        train_tokens=Path(tokens["train"]),
+        validation_tokens=Path(tokens["validation"]),
+        checkpoint_directory=directory,
+        resume=resume,
+        tokenizer=Path(tokens["tokenizer_path"]),
+        extra_fingerprint={"tokens": tokens["fingerprint"]},
+    )
+    return train(job, CallbackList(callbacks))
+
+
+def _headline(summary: dict[str, Any]) -> dict[str, Any]:
+    return {key: summary[key] for key in _HEADLINE if key in summary}
+
+
+@task(name="smoke", cache_key_fn=fingerprint_key("smoke"), persist_result=True)
+def smoke_task(
+    fingerprint: str, params: PipelineParams, tokens: dict, device: dict, run_context: dict
+) -> dict[str, Any]:
+    """A bounded run that gates full training: finite, falling loss; memory that fits."""
+    directory = run_directory(params, "smoke", fingerprint)
+    progress = PrefectProgress(f"smoke-iteration-{params.iteration}", params.smoke.max_steps or 1)
+    callbacks = [progress, *run_context.get("callbacks", [])]
+    summary = _train(params, params.smoke, tokens, device, directory, callbacks, resume=False)
+    gate = judge(progress.losses, progress.val_losses, int(summary.get("peak_memory_bytes", 0)), memory_limit(device["device"]))
+    full_steps = planned_steps(
+        params.full, params.model.architecture.block_size, device["runtime"], tokens["tokens"]["files"]["train"]["tokens"]
+    )
+    estimate = estimate_full_seconds(full_steps, float(summary.get("steps_per_second", 0.0)))
+    record = {
+        "fingerprint": fingerprint,
+        "gate": gate.to_dict(),
+        "summary": summary,
+        "full_planned_steps": full_steps,
+        "estimated_full_seconds": estimate,
+    }
+    record_path = directory / SMOKE_RECORD
+    _write_json(record_path, record)
+    if not gate.passed:
+        raise TrainingError(f"smoke gate failed ({'; '.join(gate.reasons())}); record: {record_path}")
+    return {
+        **record,
+        FILES_KEY: {str(record_path): sha256_file(record_path)},
+        "outputs": [str(record_path)],
+        "figures": {
+            **_headline(summary),
+            "first_train_loss": gate.first_train_loss,
+            "last_train_loss": gate.last_train_loss,
+            "full_planned_steps": full_steps,
+            "estimated_full_seconds": round(estimate, 1) if math.isfinite(estimate) else None,
+        },
+    }
+
+
+def announce_smoke(manifest: dict[str, Any]) -> None:
+    figures = manifest.get("figures", {})
+    announce(
+        f"smoke: {figures.get('tokens_per_second', 0):.0f} tokens/s measured; loss "
+        f"{figures.get('first_train_loss', float('nan')):.3f} -> {figures.get('last_train_loss', float('nan')):.3f}; "
+        f"full run of {figures.get('full_planned_steps')} steps estimated at "
+        f"{figures.get('estimated_full_seconds')} s"
+    )
+
+
+@task(name="full", cache_key_fn=fingerprint_key("full"), persist_result=True)
+def full_task(
+    fingerprint: str, params: PipelineParams, tokens: dict, device: dict, smoke: dict, run_context: dict
+) -> dict[str, Any]:
+    """Full training, resumed from the run folder's latest checkpoint when an earlier attempt stopped."""
+    from gptcore.checkpoint import latest_checkpoint, named_checkpoint
+
+    directory = run_directory(params, "full", fingerprint)
+    resume_from = latest_checkpoint(directory)
+    if resume_from is not None:
+        announce(f"full: resuming from {resume_from}")
+    planned = smoke.get("full_planned_steps") or params.full.max_steps or 1
+    progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
+    callbacks = [progress, *run_context.get("callbacks", [])]
+    summary = _train(params, params.full, tokens, device, directory, callbacks, resume=resume_from is not None)
+    summary["start_step"] = progress.start_step
+    final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
+    outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
+    return {
+        "fingerprint": fingerprint,
+        "run_directory": str(directory),
+        "summary": summary,
+        FILES_KEY: {str(path): sha256_file(path) for path in outputs},
+        "outputs": [str(path) for path in outputs],
+        "figures": _headline(summary),
+    }
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(value, indent=2, default=str), encoding="utf-8")
+    os.replace(temporary, path)

@@ -1,0 +1,186 @@
+"""`gptpipe device | train | generate`: flags, JSON lines, one-line errors with the right exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from flows.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_PARAMS = {
+    "iteration": 1,
+    "model": {
+        "name": "tiny",
+        "architecture": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300},
+        "cpu": {"batch_size": 4},
+        "gpu": {"batch_size": 4},
+    },
+    "tokenizer": {"vocab_size": 300},
+    "full": {
+        "max_steps": 6,
+        "log_every": 2,
+        "eval_every": 6,
+        "checkpoint_every": 3,
+        "training_examples": 64,
+        "validation_examples": 8,
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _params(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY_PARAMS))
+    return path
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_train_on_cuda_without_cuda_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "train", "--device", "cuda", "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith("error: --device cuda: CUDA is not available")
+
+
+def test_dry_run_of_iteration_1_reports_the_profile_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "checkpoints"
+    assert (
+        main(
+            [
+                "train",
+                "--iteration",
+                "1",
+                "--dry-run",
+                "--device",
+                "cpu",
+                "--checkpoint-directory",
+                str(directory),
+            ]
+        )
+        == 0
+    )
+    startup, summary = _lines(capsys.readouterr().out)
+    assert startup["event"] == "startup" and startup["parameter_count"] == 5_322_240
+    assert startup["sequence_length"] == 256 and startup["batch_size"] == 8 and startup["device"] == "cpu"
+    assert summary["event"] == "summary" and summary["steps"] == 0
+    assert not directory.exists()
+
+
+def test_flags_override_the_parameter_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "train",
+        "--params",
+        str(_params(tmp_path)),
+        "--dry-run",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "3",
+        "--precision",
+        "bf16",
+        "--max-steps",
+        "5",
+        "--set",
+        "full.optimizer.learning_rate=1e-2",
+    ]
+    assert main(args) == 0
+    startup = _lines(capsys.readouterr().out)[0]
+    assert (startup["batch_size"], startup["grad_accum_steps"], startup["precision"]) == (2, 3, "bf16")
+    assert startup["max_steps"] == 5
+
+
+def test_bad_flag_values_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--batch-size", "0", "--dry-run"]) == 2
+    assert main(["train", "--precision", "fp8", "--dry-run"]) == 2
+    assert main(["train", "--params", str(_params(tmp_path))]) == 2  # no token file, no --synthetic
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
+    assert "--batch-size" in errors[0] and "fp8" in errors[1] and "--train-tokens" in errors[2]
+
+
+def _tokenizer(path: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=280, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["def train(model):\n    return model\n"] * 20, trainer)
+    tokenizer.save(str(path))
+    return path
+
+
+def test_train_writes_json_lines_and_checkpoints_then_generate_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "run"
+    tokenizer = _tokenizer(tmp_path / "tokenizer.json")
+    args = [
+        "train",
+        "--params",
+        str(_params(tmp_path)),
+        "--synthetic",
+        "--device",
+        "cpu",
+        "--checkpoint-directory",
+        str(directory),
+        "--tokenizer",
+        str(tokenizer),
+    ]
+    assert main(args) == 0
+    lines = _lines(capsys.readouterr().out)
+    events = [line["event"] for line in lines]
+    assert events[0] == "startup" and events[-1] == "summary" and events.count("step") == 3
+    assert {"train_loss", "learning_rate", "grad_norm", "tokens_per_second", "mfu"} <= set(lines[1])
+    summary = lines[-1]
+    assert summary["steps"] == 6 and summary["final_checkpoint"] == str(directory / "final.pt")
+    assert (directory / "step-00000003.pt").is_file()
+
+    generate = [
+        "generate",
+        "--checkpoint-directory",
+        str(directory),
+        "--prompt",
+        "def ",
+        "--max-new-tokens",
+        "5",
+        "--json",
+    ]
+    assert main(generate) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["new_tokens"] == 5 and result["step"] == 6 and isinstance(result["completion"], str)
+
+
+def test_device_json_reports_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["device", "--device", "cpu", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == "cpu" and report["torch_version"] == torch.__version__
+    assert isinstance(report["fused_adamw_supported"], bool)

@@ -1,0 +1,252 @@
+"""The end-to-end pipeline on a tiny corpus and a tiny model, each run a real `gptpipe run` subprocess.
+
+One Prefect server serves every run of this module (PREFECT_API_URL), with its home and result storage
+in a temporary folder, so the tests never touch the project's `.prefect/` or the home directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gptcore.config import STAGES, load_params
+from tasks.caching import file_record, stale_outputs
+from tasks.smoke_gate import judge
+from tasks.training_stages import full_refusal
+
+REPO = Path(__file__).resolve().parent.parent
+GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+WORDS = "the quick brown fox jumps over a lazy dog then runs far into the forest where birds sing".split()
+
+TINY_PROFILE = """\
+name: tiny
+architecture: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 320}
+cpu: {batch_size: 4, grad_accum_steps: 1, precision: fp32, workers: 0}
+gpu: {batch_size: 4, grad_accum_steps: 1, precision: fp32, workers: 0}
+"""
+
+
+def write_params(root: Path, full_steps: int = 12, checkpoint_every: int = 4) -> Path:
+    (root / "profiles").mkdir(parents=True, exist_ok=True)
+    (root / "profiles" / "tiny.yaml").write_text(TINY_PROFILE)
+    params = f"""\
+iteration: 1
+model: tiny
+corpus: {{source: local, paths: ["{root / "corpus"}"], validation_fraction: 0.2}}
+tokenizer: {{vocab_size: 300}}
+runtime: {{device: cpu}}
+smoke: {{max_steps: 6, log_every: 2, eval_every: 6, validation_examples: 8,
+        optimizer: {{learning_rate: 3.0e-3, warmup_steps: 1}}}}
+full: {{max_steps: {full_steps}, log_every: 2, eval_every: 50, checkpoint_every: {checkpoint_every},
+       validation_examples: 8, optimizer: {{learning_rate: 3.0e-3, warmup_steps: 1}}}}
+tracking: {{experiment: test-pipeline}}
+paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"}}
+"""
+    path = root / "params.yaml"
+    path.write_text(params)
+    return path
+
+
+def write_corpus(root: Path, documents: int = 30, seed: int = 0) -> None:
+    folder = root / "corpus"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for index in range(documents):
+        lines = (" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(40))
+        (folder / f"doc{index:02d}.txt").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """One temporary Prefect server for the module, its state under a temporary PREFECT_HOME."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
+    }
+    env.pop("PREFECT_API_URL", None)
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    assert server.stdout is not None
+    url = server.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    yield {**env, "PREFECT_API_URL": url}
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=20)
+
+
+_SERVER_SCRIPT = """
+import signal, sys, threading
+from prefect.server.api.server import SubprocessASGIServer
+server = SubprocessASGIServer()
+server.start(timeout=60)
+print(server.api_url, flush=True)
+signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(0)))
+threading.Event().wait()
+"""
+
+
+def gptpipe(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [*GPTPIPE, "run", *args], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def stages_of(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [stage["name"] for stage in record["stages"]] == list(STAGES)
+    return {stage["name"]: stage for stage in record["stages"]}
+
+
+def states(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {name: stage["state"] for name, stage in stages_of(result).items()}
+
+
+# --- the pipeline, run for real ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_env: dict[str, str]) -> None:
+    write_corpus(tmp_path)
+    params = str(write_params(tmp_path))
+
+    first = gptpipe(prefect_env, "--params", params)
+    assert states(first) == dict.fromkeys(STAGES, "completed")
+    full = stages_of(first)["full"]
+    assert full["figures"]["final_val_loss"] < full["figures"]["unigram_val_loss"] + 2.0
+    assert all(Path(path).is_file() for path in full["outputs"])
+    assert "tokens/s measured" in first.stderr and "estimated at" in first.stderr
+
+    again = gptpipe(prefect_env, "--params", params)
+    assert states(again) == {**dict.fromkeys(STAGES, "cached"), "device": "completed"}
+
+    # A deleted output file: its stage runs again; stages downstream keep their cache (same fingerprint).
+    Path(stages_of(again)["tokens"]["outputs"][1]).unlink()
+    repaired = gptpipe(prefect_env, "--params", params)
+    assert states(repaired) == {**dict.fromkeys(STAGES, "cached"), "device": "completed", "tokens": "completed"}
+    assert all(Path(path).is_file() for path in stages_of(repaired)["tokens"]["outputs"])
+
+    # One document's content changed: everything downstream of the corpus runs again.
+    document = tmp_path / "corpus" / "doc03.txt"
+    document.write_text(document.read_text() + "a brand new line about birds\n")
+    changed = gptpipe(prefect_env, "--params", params)
+    assert states(changed) == dict.fromkeys(STAGES, "completed")
+
+
+@pytest.mark.slow
+def test_until_stops_after_the_named_stage(tmp_path: Path, prefect_env: dict[str, str]) -> None:
+    write_corpus(tmp_path, seed=1)
+    result = gptpipe(prefect_env, "--params", str(write_params(tmp_path)), "--until", "tokens")
+    assert states(result) == {
+        "tokenizer": "completed",
+        "tokens": "completed",
+        "device": "skipped",
+        "smoke": "skipped",
+        "full": "skipped",
+    }
+
+
+@pytest.mark.slow
+def test_killed_full_training_resumes_from_its_latest_checkpoint(tmp_path: Path, prefect_env: dict[str, str]) -> None:
+    write_corpus(tmp_path, seed=2)
+    params = str(write_params(tmp_path, full_steps=400, checkpoint_every=20))
+    process = subprocess.Popen(
+        [*GPTPIPE, "run", "--params", params],
+        env=prefect_env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        checkpoint = _wait_for(lambda: next((tmp_path / "checkpoints").glob("*-full-*/step-*.json"), None), 240)
+    finally:
+        process.kill()
+        process.wait()
+    assert checkpoint is not None, "full training wrote no checkpoint before the deadline"
+    killed_at = json.loads(checkpoint.read_text())["step"]
+
+    resumed = gptpipe(prefect_env, "--params", params)
+    full = stages_of(resumed)["full"]
+    assert states(resumed)["smoke"] == "cached"
+    assert full["state"] == "completed"
+    assert 0 < killed_at <= full["figures"]["start_step"] < full["figures"]["planned_steps"]
+    assert full["figures"]["steps"] == full["figures"]["planned_steps"]
+
+
+def _wait_for(find, seconds: float):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if found := find():
+            return found
+        time.sleep(0.2)
+    return None
+
+
+# --- bad input is refused before any stage ----------------------------------------------------------
+
+
+def test_bad_override_is_one_line_before_any_stage(tmp_path: Path) -> None:
+    write_corpus(tmp_path, documents=3)
+    params = str(write_params(tmp_path))
+    result = subprocess.run(
+        [*GPTPIPE, "run", "--params", params, "--set", "full.max_steps=-3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "full.max_steps" in result.stderr and "-3" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_unknown_stage_for_until_is_refused(tmp_path: Path) -> None:
+    from flows.cli import main
+
+    assert main(["run", "--until", "everything"]) == 2
+
+
+# --- the pieces the flow relies on ------------------------------------------------------------------
+
+
+def test_cached_outputs_are_checked_by_content(tmp_path: Path) -> None:
+    output = tmp_path / "out.bin"
+    output.write_bytes(b"tokens")
+    manifest = {"files": file_record(output)}
+    assert stale_outputs(manifest) == []
+    output.write_bytes(b"tokenz")
+    assert stale_outputs(manifest) == [str(output)]
+    output.unlink()
+    assert stale_outputs(manifest) == [str(output)]
+
+
+def test_smoke_gate_needs_finite_falling_loss_that_fits() -> None:
+    assert judge([5.0, 4.0], [4.5], peak_memory=10, memory_limit=100).passed
+    assert not judge([5.0, 5.5], [4.5], 10, 100).falling
+    assert not judge([5.0, float("nan")], [4.5], 10, 100).finite
+    assert not judge([5.0, 4.0], [4.5], 200, 100).fits
+
+
+def test_iteration_2_stops_before_full_training_without_cuda() -> None:
+    params = load_params(REPO / "params" / "iteration_2.yaml")
+    cpu = {"runtime": {"device": "cpu"}}
+    assert "needs CUDA" in full_refusal(params, cpu)
+    assert full_refusal(params, {"runtime": {"device": "cuda"}}) is None
+    bounded = load_params(REPO / "params" / "iteration_2.yaml", ["runtime.device=cpu", "full.max_steps=5"])
+    assert full_refusal(bounded, cpu) is None

@@ -1,0 +1,119 @@
+"""Runtime resolution: explicit decisions, profile defaults per device, clear errors, the device report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptcore import runtime as rt
+from gptcore.config import DeviceDefaults, RuntimeConfig, load_profile
+from gptcore.errors import DeviceError
+
+PROFILE = load_profile("gpt_first_cpu")
+
+
+def test_auto_on_this_machine_takes_the_cpu_defaults_of_the_profile() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: auto resolves to cuda")
+    runtime = rt.resolve_runtime(RuntimeConfig(), PROFILE)
+    assert runtime.device == "cpu"
+    assert (runtime.batch_size, runtime.grad_accum_steps, runtime.precision, runtime.workers) == (
+        8,
+        1,
+        "fp32",
+        0,
+    )
+    assert runtime.precision_source.startswith("auto")
+    assert not runtime.tf32_enabled and not runtime.pin_memory and not runtime.tensor_cores_enabled
+
+
+def test_requests_win_over_defaults_and_a_callable_source_is_used() -> None:
+    seen = []
+
+    def defaults_for(device: str) -> DeviceDefaults:
+        seen.append(device)
+        return DeviceDefaults(batch_size=3, grad_accum_steps=5, precision="fp32", workers=1)
+
+    request = RuntimeConfig(device="cpu", precision="bf16", batch_size=2, workers=0)
+    runtime = rt.resolve_runtime(request, defaults_for)
+    assert seen == ["cpu"]
+    assert (runtime.batch_size, runtime.grad_accum_steps, runtime.workers) == (2, 5, 0)
+    assert runtime.precision == "bf16" and runtime.precision_source == "requested"
+    assert runtime.dtype is torch.bfloat16
+
+
+def test_parameter_file_device_defaults_override_the_profile() -> None:
+    request = RuntimeConfig(device="cpu", cpu=DeviceDefaults(batch_size=4, precision="bf16"))
+    runtime = rt.resolve_runtime(request, PROFILE)
+    assert (runtime.batch_size, runtime.precision) == (4, "bf16")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_an_error_saying_what_to_do() -> None:
+    with pytest.raises(DeviceError) as caught:
+        rt.resolve_runtime(RuntimeConfig(device="cuda"), PROFILE)
+    message = str(caught.value)
+    assert caught.value.exit_code == 2 and "\n" not in message
+    assert "CUDA is not available" in message and "--device cpu" in message
+
+
+def _pretend_gpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Old GPU")
+    monkeypatch.setattr(rt, "fused_adamw_supported", lambda device: False)
+
+
+def test_bf16_requested_on_a_gpu_without_it_names_the_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    _pretend_gpu_without_bf16(monkeypatch)
+    with pytest.raises(DeviceError, match=r"--precision fp16.*--precision fp32"):
+        rt.resolve_runtime(RuntimeConfig(device="cuda", precision="bf16"), PROFILE)
+
+
+def test_auto_precision_on_a_gpu_without_bf16_takes_fp16_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    _pretend_gpu_without_bf16(monkeypatch)
+    runtime = rt.resolve_runtime(RuntimeConfig(device="cuda"), PROFILE)
+    assert runtime.device == "cuda" and runtime.precision == "fp16" and runtime.uses_grad_scaler
+    assert "unsupported" in runtime.precision_source
+    assert runtime.tf32_enabled and runtime.pin_memory and runtime.tensor_cores_enabled
+    assert runtime.batch_size == PROFILE.gpu.batch_size
+
+
+def test_fused_adamw_is_reported_as_found_not_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    rt.fused_adamw_supported.cache_clear()
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("fused=True requires CUDA")
+
+    monkeypatch.setattr(torch.optim, "AdamW", refuse)
+    try:
+        assert rt.fused_adamw_supported("cpu") is False
+    finally:
+        rt.fused_adamw_supported.cache_clear()
+
+
+def test_device_report_holds_the_environment_facts() -> None:
+    report = rt.device_report("cpu")
+    for key in (
+        "torch_version",
+        "cuda_available",
+        "device",
+        "gpu_name",
+        "gpu_memory_bytes",
+        "bf16_supported",
+        "tf32_supported",
+        "fused_adamw_supported",
+        "processor",
+    ):
+        assert key in report
+    assert report["device"] == "cpu" and report["torch_version"] == torch.__version__
+
+
+def test_autocast_is_off_in_fp32_and_bf16_on_cpu_when_asked() -> None:
+    fp32 = rt.resolve_runtime(RuntimeConfig(device="cpu", precision="fp32"), PROFILE)
+    bf16 = rt.resolve_runtime(RuntimeConfig(device="cpu", precision="bf16"), PROFILE)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with fp32.autocast():
+        assert (a @ b).dtype is torch.float32
+    with bf16.autocast():
+        assert (a @ b).dtype is torch.bfloat16

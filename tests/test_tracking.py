@@ -1,0 +1,317 @@
+"""MLflow tracking: where records go, what a training run records, failures survived, parents and children."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from tracking_support import fresh_store
+
+from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrackingConfig, TrainingConfig
+from tasks.tracking import PipelineRecorder, TrackingSession, training_metadata
+from tasks.tracking_callback import END_METRICS, STEP_METRICS, MLflowCallback
+from tasks.tracking_store import TrackingError, connect, environment_tags, redact, resolve_target
+
+STARTUP = {
+    "event": "startup",
+    "processor": "x86_64",
+    "gpu_name": None,
+    "gpu_memory_bytes": 0,
+    "torch_version": "2.13.0",
+    "cuda_available": False,
+    "device": "cpu",
+    "precision": "fp32",
+    "tensor_cores_enabled": False,
+    "tf32_enabled": False,
+    "fused_adamw": True,
+    "batch_size": 4,
+    "grad_accum_steps": 2,
+    "workers": 0,
+    "sequence_length": 16,
+    "parameter_count": 12345,
+    "max_steps": 4,
+    "planned_tokens": 512,
+    "estimated_peak_memory_bytes": 1000,
+    "checkpoint_directory": "/tmp/nowhere",
+    "start_step": 0,
+    "resumed_from": None,
+}
+REQUIRED_PARAMS = [
+    "processor", "gpu_name", "gpu_memory_bytes", "torch_version", "cuda_available", "device", "precision",
+    "tensor_cores_enabled", "tf32_enabled", "fused_adamw", "batch_size", "grad_accum_steps",
+    "effective_batch_size", "workers", "sequence_length", "parameter_count", "max_steps", "planned_tokens",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_tracking(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> TrackingSession:
+    uri = fresh_store(tmp_path)
+    config = TrackingConfig(uri=uri, artifact_root=str(tmp_path / "mlruns" / "artifacts"), experiment="t")
+    return TrackingSession.open(config)
+
+
+def step(n: int, loss: float) -> dict[str, Any]:
+    return {"step": n, "train_loss": loss, "learning_rate": 1e-3, "grad_norm": 0.5, "tokens_per_second": 900.0,
+            "steps_per_second": 2.0, "mfu": 0.1, "epoch": 0}  # fmt: skip
+
+
+def fake_checkpoint(folder: Path, name: str, metadata: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.pt"
+    path.write_bytes(b"weights of " + name.encode())
+    (folder / f"{name}.json").write_text(json.dumps({"metadata": dict(metadata), "step": 4}))
+    return path
+
+
+def history(session: TrackingSession, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in session.client.get_metric_history(run_id, key)]
+
+
+# --- store ------------------------------------------------------------------------------------------
+
+
+def test_default_store_is_sqlite_under_mlruns_of_the_working_directory(tmp_path: Path) -> None:
+    target = resolve_target(TrackingConfig(), root=tmp_path)
+    assert target.uri == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
+    assert target.artifact_location == (tmp_path / "mlruns" / "artifacts").resolve().as_uri()
+    assert target.source == "default"
+
+
+def test_environment_uri_wins_over_the_parameter_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    target = resolve_target(TrackingConfig(uri="sqlite:///elsewhere.db"), root=tmp_path)
+    assert (target.uri, target.source, target.artifact_location) == ("http://127.0.0.1:5999", "MLFLOW_TRACKING_URI", None)
+
+
+def test_the_old_file_store_is_refused_with_what_to_use(tmp_path: Path) -> None:
+    with pytest.raises(TrackingError, match=r"tracking.uri './mlruns'.*sqlite:///"):
+        resolve_target(TrackingConfig(uri="./mlruns"), root=tmp_path)
+
+
+def test_an_unreachable_server_is_a_clear_error_within_seconds() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    started = time.perf_counter()
+    with pytest.raises(TrackingError, match=rf"tracking server http://127.0.0.1:{port} is unreachable"):
+        connect(resolve_target(TrackingConfig(uri=f"http://127.0.0.1:{port}")))
+    assert time.perf_counter() - started < 10
+
+
+def test_secret_environment_values_never_reach_a_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {"HF_TOKEN": "hf_abcdef123", "AWS_SECRET_ACCESS_KEY": "s3cr3tvalue", "CUDA_VISIBLE_DEVICES": "0"}
+    assert redact("login hf_abcdef123 and s3cr3tvalue", environ) == "login *** and ***"
+    assert redact("http://me:pw1234@host:5000/x", {}) == "http://me:***@host:5000/x"
+    environ["MY_API_KEY_HOSTNAME"] = "nope"
+    assert environment_tags(environ) == {"env.CUDA_VISIBLE_DEVICES": "0"}
+
+
+# --- the training callback ---------------------------------------------------------------------------
+
+
+def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
+    session: TrackingSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "key-that-must-not-leak")
+    callback = session.training_callback("train", params={"model.profile": "tiny", "note": "key-that-must-not-leak"},
+                                         system_metrics=False, flush_seconds=0.05)  # fmt: skip
+    callback.on_start(STARTUP)
+    run_id = callback.run_id
+    assert training_metadata([object(), callback])["mlflow_run_id"] == run_id
+    for n, loss in ((2, 5.0), (4, 4.0)):
+        callback.on_step(step(n, loss))
+    callback.on_eval({"step": 4, "val_loss": 4.2, "val_perplexity": 66.7, "unigram_val_loss": 5.6})
+    folder = tmp_path / "ckpt"
+    for kind in ("step", "best", "final"):
+        path = fake_checkpoint(folder, kind, callback.metadata)
+        callback.on_checkpoint(path, {"kind": kind, "step": 4, "seconds": 0.01})
+    summary = {name: 1.5 for name in END_METRICS} | {"steps": 4, "estimated_total_seconds": None}
+    callback.on_end(summary)
+
+    run = session.client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert set(REQUIRED_PARAMS) <= set(run.data.params)
+    assert run.data.params["effective_batch_size"] == "8"
+    assert run.data.params["note"] == "***"
+    assert history(session, run_id, "train_loss") == [(2, 5.0), (4, 4.0)]
+    assert set(STEP_METRICS) | {"val_loss", "val_perplexity", "unigram_val_loss"} <= set(run.data.metrics)
+    assert "estimated_total_seconds" not in run.data.metrics  # None is not a number to plot
+    assert run.data.metrics["peak_memory_bytes"] == 1.5
+    assert run.data.tags["latest_checkpoint"] == str((folder / "final.pt").resolve())
+    logged = {a.path for folder_ in ("checkpoints/final", "checkpoints/best")
+              for a in session.client.list_artifacts(run_id, folder_)}  # fmt: skip
+    assert logged == {"checkpoints/final/final.pt", "checkpoints/final/final.json",
+                      "checkpoints/best/best.pt", "checkpoints/best/best.json"}  # fmt: skip
+    assert callback.report["failed_calls"] == 0
+
+
+class FlakyClient:
+    """An MlflowClient whose metric batches fail a number of times (or always) before going through."""
+
+    def __init__(self, client: Any, failures: int) -> None:
+        self._client, self.failures = client, failures
+
+    def log_batch(self, run_id: str, metrics: Any = (), **kwargs: Any) -> None:
+        if metrics and self.failures:
+            self.failures -= 1
+            raise ConnectionError("tracking server went away")
+        self._client.log_batch(run_id, metrics=metrics, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def flaky_callback(session: TrackingSession, failures: int) -> MLflowCallback:
+    return MLflowCallback(FlakyClient(session.client, failures), session.target.uri, session.experiment_id, "flaky",
+                          system_metrics=False, flush_seconds=0.05, backoff_seconds=0.01)  # fmt: skip
+
+
+def test_failed_logging_calls_are_retried_counted_and_training_never_sees_them(
+    session: TrackingSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    callback = flaky_callback(session, failures=2)
+    callback.on_start(STARTUP)
+    callback.on_step(step(1, 3.0))
+    callback.on_end({"steps": 1})
+    assert callback.report["failed_calls"] == 2 and callback.report["dropped_metrics"] == 0
+    assert history(session, callback.run_id, "train_loss") == [(1, 3.0)]
+    assert session.client.get_run(callback.run_id).data.tags["tracking.failed_calls"] == "2"
+    assert "2 logging calls failed and were retried" in capsys.readouterr().err
+
+
+def test_a_store_that_stays_down_loses_metrics_but_the_run_still_ends(
+    session: TrackingSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    callback = flaky_callback(session, failures=10**6)
+    callback.on_start(STARTUP)
+    for n in range(1, 4):
+        callback.on_step(step(n, 3.0))
+    callback.on_end({"steps": 3})
+    assert callback.report["given_up_calls"] >= 1
+    assert callback.report["dropped_metrics"] == 3 * len(STEP_METRICS) + 0
+    assert session.client.get_run(callback.run_id).info.status == "FINISHED"
+    assert "given up" in capsys.readouterr().err
+
+
+def test_a_failed_training_ends_its_run_failed_with_the_reason(session: TrackingSession) -> None:
+    callback = session.training_callback("broken", system_metrics=False)
+    callback.on_start(STARTUP)
+    callback.on_failure("training loss is nan at step 3; stopped")
+    run = session.client.get_run(callback.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["failure_reason"] == "training loss is nan at step 3; stopped"
+
+
+def test_system_metrics_are_recorded_while_training_runs(
+    session: TrackingSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    callback = session.training_callback("system", flush_seconds=0.05)
+    callback.on_start(STARTUP)
+    time.sleep(1.0)
+    callback.on_end({"steps": 0})
+    metrics = session.client.get_run(callback.run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics
+    assert "system/system_memory_usage_megabytes" in metrics
+
+
+def test_a_resume_continues_the_run_named_in_its_checkpoint(session: TrackingSession, tmp_path: Path) -> None:
+    first = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
+    first.on_start(STARTUP)
+    first.on_step(step(2, 5.0))
+    checkpoint = fake_checkpoint(tmp_path / "ckpt", "step-00000002", first.metadata)
+    first.on_failure("interrupted")
+
+    second = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
+    second.on_start(STARTUP | {"start_step": 2, "resumed_from": str(checkpoint), "batch_size": 2, "grad_accum_steps": 4})
+    second.on_step(step(4, 4.0))
+    second.on_end({"steps": 4})
+    assert second.run_id == first.run_id and second.continued
+    run = session.client.get_run(first.run_id)
+    assert run.info.status == "FINISHED"
+    assert history(session, first.run_id, "train_loss") == [(2, 5.0), (4, 4.0)]
+    assert run.data.params["batch_size"] == "4"  # params keep the first value; a resume adds, never clashes
+
+
+# --- pipeline parent and child runs --------------------------------------------------------------------
+
+
+def pipeline_params(tmp_path: Path) -> tuple[Any, Path]:
+    from gptcore.config import load_params
+
+    path = tmp_path / "iteration.yaml"
+    path.write_text(
+        "iteration: 7\nmodel:\n  name: tiny\n  architecture: {n_layer: 1, n_head: 1, n_embd: 8, block_size: 8, "
+        "vocab_size: 300}\n  cpu: {batch_size: 2}\n  gpu: {batch_size: 2}\ntokenizer: {vocab_size: 300}\n"
+        f"tracking:\n  uri: {fresh_store(tmp_path)}\n  artifact_root: {tmp_path / 'art'}\n  experiment: it-7\n"
+    )
+    return load_params(path), path
+
+
+def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_point_at_their_producer(
+    tmp_path: Path,
+) -> None:
+    params, path = pipeline_params(tmp_path)
+    manifest_file = tmp_path / "tokenizer.json"
+    manifest_file.write_text("{}")
+    manifest = {"fingerprint": "abc123", "files": {str(manifest_file): "x"}, "figures": {"vocab_size": 300}}
+
+    first = PipelineRecorder.start(params, path, flow_run_id="flow-1")
+    producer = first.record_stage(SimpleNamespace(name="tokenizer", state="completed", manifest=manifest,
+                                                  seconds=1.0, message=""))  # fmt: skip
+    first.finish(failed=False)
+    second = PipelineRecorder.start(params, path, flow_run_id="flow-2")
+    cached = second.record_stage(SimpleNamespace(name="tokenizer", state="cached", manifest=manifest,
+                                                 seconds=0.1, message=""))  # fmt: skip
+    second.finish(failed=False)
+
+    client = first.session.client
+    parent = client.get_run(second.parent_run_id)
+    assert parent.info.experiment_id == client.get_experiment_by_name("it-7").experiment_id
+    assert parent.data.tags["prefect.flow_run_id"] == "flow-2"
+    assert len(parent.data.tags["params_sha256"]) == 64
+    assert len(parent.data.tags.get("git_commit", "0" * 40)) == 40
+    assert parent.data.params["model.profile"] == "tiny"
+    child = client.get_run(cached)
+    assert child.data.tags["mlflow.parentRunId"] == second.parent_run_id
+    assert (child.data.tags["cached"], child.data.tags["cached_from_run_id"]) == ("true", producer)
+    assert client.get_run(producer).data.tags["cached"] == "false"
+    assert {a.path for a in client.list_artifacts(producer, "outputs")} == {"outputs/tokenizer.json"}
+    assert parent.info.status == "FINISHED"
+
+
+def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) -> None:
+    from gptcore.synthetic import synthetic_stream
+    from gptcore.trainer import TrainJob, train
+
+    params, path = pipeline_params(tmp_path)
+    recorder = PipelineRecorder.start(params, path)
+    context = recorder.context("smoke")
+    model = ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=300)
+    job = TrainJob(model=model, runtime=RuntimeConfig(device="cpu", precision="fp32"),
+                   training=TrainingConfig(max_steps=3, log_every=1, eval_every=3, checkpoint_every=100),
+                   train_tokens=synthetic_stream(300, 9 * 64, 1), validation_tokens=synthetic_stream(300, 9 * 8, 2),
+                   checkpoint_directory=tmp_path / "ckpt", device_defaults=lambda _: DeviceDefaults(batch_size=2),
+                   metadata=training_metadata(context["callbacks"]))  # fmt: skip
+    train(job, context["callbacks"][0])
+    run_id = recorder.record_stage(SimpleNamespace(name="smoke", state="completed", manifest={"fingerprint": "f"},
+                                                   seconds=1.0, message=""))  # fmt: skip
+    recorder.finish(failed=False)
+    assert run_id == context["run_id"]
+    run = recorder.session.client.get_run(run_id)
+    assert run.data.tags["mlflow.parentRunId"] == recorder.parent_run_id
+    assert [s for s, _ in history(recorder.session, run_id, "train_loss")] == [1, 2, 3]
+    assert {"val_loss", "unigram_val_loss", "elapsed_seconds", "tokens_per_second"} <= set(run.data.metrics)
+    from gptcore.checkpoint import checkpoint_metadata
+
+    assert checkpoint_metadata(tmp_path / "ckpt" / "final.pt")["metadata"]["mlflow_run_id"] == run_id

@@ -1,0 +1,245 @@
+"""The trainer: learns, runs each precision, accumulates exactly, resumes bit for bit, measures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gptcore.callbacks import TrainingCallback
+from gptcore.checkpoint import load_checkpoint
+from gptcore.config import DeviceDefaults, ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
+from gptcore.errors import CheckpointError, ConfigError, TrainingError
+from gptcore.model import GPT
+from gptcore.runtime import resolve_runtime
+from gptcore.synthetic import synthetic_stream
+from gptcore.trainer import TrainJob, accumulate_gradients, train
+
+TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
+TRAIN = synthetic_stream(300, 17 * 400, seed=1)
+VALIDATION = synthetic_stream(300, 17 * 32, seed=2, split="validation")
+
+
+class Recorder(TrainingCallback):
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.stop_at = stop_at
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        self.events.append(("start", startup))
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        self.events.append(("step", metrics))
+        if metrics["step"] == self.stop_at:
+            raise KeyboardInterrupt  # an interruption between checkpoints
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        self.events.append(("eval", metrics))
+
+    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
+        self.events.append(("checkpoint", info))
+
+    def on_failure(self, reason: str) -> None:
+        self.events.append(("failure", reason))
+
+    def of(self, kind: str) -> list[Any]:
+        return [payload for event, payload in self.events if event == kind]
+
+    def losses(self) -> list[tuple[int, float]]:
+        return [(m["step"], m["train_loss"]) for m in self.of("step")]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    """Tiny models run fastest on one thread, and a shared, loaded CPU makes two threads crawl."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def job(tmp_path: Path | None = None, **changes: Any) -> TrainJob:
+    runtime = changes.pop("runtime", RuntimeConfig(device="cpu", precision="fp32", batch_size=8))
+    training = dict(
+        max_steps=12,
+        log_every=1,
+        eval_every=6,
+        checkpoint_every=4,
+        optimizer=OptimizerConfig(learning_rate=3e-3, warmup_steps=2),
+    )
+    training.update(changes.pop("training", {}))
+    data = {"train_tokens": TRAIN, "validation_tokens": VALIDATION, **changes}
+    return TrainJob(
+        model=TINY,
+        runtime=runtime,
+        training=TrainingConfig(**training),
+        checkpoint_directory=tmp_path,
+        **data,
+    )
+
+
+def test_loss_falls_on_a_learnable_stream_below_the_unigram_floor() -> None:
+    recorder = Recorder()
+    fast = OptimizerConfig(learning_rate=1e-2, warmup_steps=5)
+    summary = train(
+        job(training={"epochs": 2, "max_steps": 60, "log_every": 10, "eval_every": 60, "optimizer": fast}),
+        recorder,
+    )
+    losses = [loss for _, loss in recorder.losses()]
+    assert losses[-1] < losses[0] - 1.0
+    assert summary["final_val_loss"] < summary["unigram_val_loss"]
+    assert recorder.of("eval")[0]["unigram_val_loss"] == summary["unigram_val_loss"]
+    assert summary["steps"] == 60 and summary["tokens_per_second"] > 0 and 0 < summary["mfu"] < 1
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_steps_run_and_fp16_uses_the_grad_scaler(tmp_path: Path, precision: str) -> None:
+    runtime = RuntimeConfig(device="cpu", precision=precision, batch_size=4)
+    summary = train(job(tmp_path, runtime=runtime, training={"max_steps": 3}))
+    assert summary["final_train_loss"] == pytest.approx(summary["final_train_loss"])  # finite, not NaN
+    scaler = load_checkpoint(tmp_path / "final.pt")["scaler"]
+    assert bool(scaler) == (precision == "fp16")
+    if precision == "fp16":
+        assert scaler["scale"] > 0
+
+
+def _final_weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(directory / "final.pt")["model"]
+
+
+def test_k_micro_batches_of_b_equal_one_batch_of_k_times_b() -> None:
+    torch.manual_seed(0)
+    whole, split = GPT(TINY), GPT(TINY)
+    split.load_state_dict(whole.state_dict())
+    runtime = resolve_runtime(
+        RuntimeConfig(device="cpu", precision="fp32"), lambda d: DeviceDefaults(batch_size=8)
+    )
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    window = torch.randint(0, 300, (8, 17))
+    batch = [(window[:, :-1], window[:, 1:])]
+    micro = [(window[i : i + 2, :-1], window[i : i + 2, 1:]) for i in range(0, 8, 2)]
+    loss_whole = accumulate_gradients(whole, iter(batch), 1, runtime, scaler)
+    loss_split = accumulate_gradients(split, iter(micro), 4, runtime, scaler)
+    assert loss_split.item() / 4 == pytest.approx(loss_whole.item(), abs=1e-6)
+    for (name, a), b in zip(whole.named_parameters(), split.parameters(), strict=True):
+        assert (a.grad - b.grad).abs().max().item() <= 1e-6, name
+
+
+def test_an_accumulated_run_logs_the_same_first_loss_as_one_big_batch() -> None:
+    one, split = Recorder(), Recorder()
+    train(
+        job(runtime=RuntimeConfig(device="cpu", batch_size=8, grad_accum_steps=1), training={"max_steps": 1}),
+        one,
+    )
+    train(
+        job(runtime=RuntimeConfig(device="cpu", batch_size=2, grad_accum_steps=4), training={"max_steps": 1}),
+        split,
+    )
+    assert split.losses()[0][1] == pytest.approx(one.losses()[0][1], abs=1e-6)
+
+
+def test_an_interrupted_and_resumed_run_equals_the_uninterrupted_one_bit_for_bit(tmp_path: Path) -> None:
+    whole, broken = Recorder(), Recorder(stop_at=6)
+    train(job(tmp_path / "whole"), whole)
+    with pytest.raises(KeyboardInterrupt):
+        train(job(tmp_path / "broken"), broken)
+    resumed = Recorder()
+    train(job(tmp_path / "broken", resume=True), resumed)
+    assert resumed.of("start")[0]["start_step"] == 4  # the last periodic checkpoint before the stop
+    assert broken.losses() == whole.losses()[:6]
+    assert resumed.losses() == whole.losses()[4:]  # steps 5 and 6 replayed, to the last bit
+    a, b = _final_weights(tmp_path / "whole"), _final_weights(tmp_path / "broken")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_with_a_different_config_is_refused_naming_the_keys(tmp_path: Path) -> None:
+    train(job(tmp_path, training={"max_steps": 4}))
+    changed = job(
+        tmp_path, resume=True, training={"max_steps": 4, "optimizer": OptimizerConfig(learning_rate=1e-2)}
+    )
+    with pytest.raises(CheckpointError, match=r"optimizer\.learning_rate: 0\.003 -> 0\.01"):
+        train(changed)
+
+
+def test_resume_without_a_checkpoint_starts_at_step_zero(tmp_path: Path) -> None:
+    recorder = Recorder()
+    train(job(tmp_path / "fresh", resume=True, training={"max_steps": 2}), recorder)
+    assert recorder.of("start")[0]["start_step"] == 0 and recorder.of("start")[0]["resumed_from"] is None
+
+
+def test_dry_run_reports_everything_trains_nothing_writes_nothing(tmp_path: Path) -> None:
+    recorder = Recorder()
+    directory = tmp_path / "checkpoints"
+    summary = train(job(directory, dry_run=True), recorder)
+    startup = recorder.of("start")[0]
+    for key in (
+        "processor",
+        "gpu_name",
+        "gpu_memory_bytes",
+        "torch_version",
+        "cuda_available",
+        "device",
+        "precision",
+        "tensor_cores_enabled",
+        "tf32_enabled",
+        "fused_adamw",
+        "batch_size",
+        "grad_accum_steps",
+        "workers",
+        "sequence_length",
+        "parameter_count",
+        "max_steps",
+        "planned_tokens",
+        "estimated_peak_memory_bytes",
+        "steps_per_epoch",
+        "flop_formula",
+    ):
+        assert key in startup, key
+    assert startup["steps_per_epoch"] == 400 // 8 and startup["planned_tokens"] == 12 * 8 * 16
+    assert summary["steps"] == 0 and recorder.of("step") == [] and not directory.exists()
+
+
+def test_dry_run_needs_no_token_files_but_training_does() -> None:
+    summary = train(job(dry_run=True, train_tokens=None, validation_tokens=None))
+    assert summary["steps"] == 0
+    with pytest.raises(ConfigError, match="--train-tokens"):
+        train(job(train_tokens=None))
+
+
+def test_out_of_memory_stops_with_the_advice_and_keeps_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gptcore import model as model_module
+
+    real_forward = model_module.GPT.forward
+    calls = {"n": 0}
+
+    def forward_then_oom(self: Any, *args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] > 5:  # past the checkpoint at step 4
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_forward(self, *args)
+
+    monkeypatch.setattr(model_module.GPT, "forward", forward_then_oom)
+    recorder = Recorder()
+    with pytest.raises(TrainingError) as caught:
+        train(job(tmp_path, runtime=RuntimeConfig(device="cpu", batch_size=8, grad_accum_steps=1)), recorder)
+    message = str(caught.value)
+    assert "at batch size 8" in message and "--batch-size 4 --grad-accum 2" in message and "GiB" in message
+    assert recorder.of("failure") == [message]
+    assert (tmp_path / "step-00000004.pt").is_file() and "step-00000004.pt is kept" in message
+
+
+def test_periodic_best_and_final_checkpoints_are_reported(tmp_path: Path) -> None:
+    recorder = Recorder()
+    summary = train(job(tmp_path, metadata={"mlflow_run_id": "abc"}), recorder)
+    kinds = [(info["kind"], info["step"]) for info in recorder.of("checkpoint")]
+    assert ("step", 4) in kinds and ("step", 8) in kinds and ("final", 12) in kinds and ("best", 6) in kinds
+    assert (
+        summary["final_checkpoint"] == str(tmp_path / "final.pt") and summary["checkpoint_save_seconds"] > 0
+    )
+    from gptcore.checkpoint import checkpoint_metadata
+
+    assert checkpoint_metadata(tmp_path / "final.pt")["metadata"]["mlflow_run_id"] == "abc"
