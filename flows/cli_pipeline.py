@@ -42,6 +42,7 @@ def run(
     server = TemporaryServer()
     server.start()  # comes up while torch and the stages import
     from flows.pipeline import end_to_end
+    from gptcore import runtime  # noqa: F401  (torch, imported while the server starts)
 
     server.wait()
     end_to_end(params_path=str(params_path), overrides=list(overrides), until=until)

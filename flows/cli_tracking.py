@@ -1,1 +1,140 @@
-"""Placeholder until its issue lands; registers no commands yet."""
+"""`gptpipe ui` (the MLflow UI over the tracking store) and `gptpipe compare` (the bounded comparison)."""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flows.cli import app
+from gptcore.errors import ConfigError
+
+
+def _params(params_file: Path | None, iteration: int | None, overrides: list[str]) -> tuple[Path, Any]:
+    from gptcore.config import iteration_file, load_params
+
+    if params_file is not None and iteration is not None:
+        raise ConfigError("--params and --iteration name the parameters twice; give one of them")
+    path = params_file or iteration_file(iteration or 1)
+    return path, load_params(path, overrides)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_command(target: Any, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
+    """`mlflow server` over a local store: its database, and artifacts served from the store's root."""
+    artifacts = target.artifact_location or Path("mlruns/artifacts").resolve().as_uri()
+    return [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", target.uri,
+        "--default-artifact-root", artifacts,
+        "--host", host, "--port", str(port),
+        "--workers", "1",
+    ]  # fmt: skip
+
+
+@app.command("ui")
+def ui_command(
+    params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind; loopback unless you ask"),
+    port: int = typer.Option(5000, "--port", min=1, max=65535),
+) -> None:
+    """Start the MLflow UI (`mlflow server`) over the tracking store and print its URL."""
+    from tasks.tracking_store import redact, resolve_target
+
+    _, params = _params(params_file, iteration, [])
+    target = resolve_target(params.tracking)
+    if not target.is_local:
+        print(f"the tracking store is a server already: open {redact(target.uri)}")
+        return
+    if not is_loopback(host):
+        print(f"warning: --host {host}: the MLflow UI will be reachable from other machines", file=sys.stderr)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"MLflow UI: http://{shown}:{port}  (store {target.uri}; Ctrl-C stops it)", flush=True)
+    try:
+        result = subprocess.run(server_command(target, host, port), check=False)
+    except KeyboardInterrupt:
+        return
+    if result.returncode not in (0, -2, 130):
+        raise ConfigError(
+            f"mlflow server exited with status {result.returncode} (is port {port} in use? try --port)"
+        )
+
+
+@app.command("compare")
+def compare_command(
+    params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+    set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value"),
+    axis: str = typer.Option(
+        "auto", "--axis", help="auto (CPU vs CUDA, else precision), device, precision, batch_size"
+    ),
+    values: str | None = typer.Option(None, "--values", help="the two values compared, comma-separated"),
+    max_steps: int = typer.Option(10, "--max-steps", min=1),
+    training_examples: int = typer.Option(64, "--training-examples", min=1),
+    validation_examples: int = typer.Option(16, "--validation-examples", min=1),
+    batch_size: int | None = typer.Option(None, "--batch-size", min=1),
+    precision: str | None = typer.Option(None, "--precision", help="fp32, bf16 or fp16 (both sides)"),
+    train_tokens: Path | None = typer.Option(None, "--train-tokens", help="default: a synthetic stream"),
+    validation_tokens: Path | None = typer.Option(None, "--validation-tokens"),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer"),
+    runs: str | None = typer.Option(
+        None, "--runs", help="compare two recorded runs: RUN_A,RUN_B (no training)"
+    ),
+) -> None:
+    """Two bounded training runs that differ in one axis, recorded in MLflow; prints the comparison."""
+    path, params = _params(params_file, iteration, list(set_))
+    chosen = [v.strip() for v in values.split(",")] if values else None
+    if precision is not None and precision not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"--precision {precision!r}: expected one of fp32, bf16, fp16")
+    if train_tokens is not None and not train_tokens.is_file():
+        raise ConfigError(f"--train-tokens {train_tokens}: file not found")
+    from flows.compare import AXES
+
+    if axis not in ("auto", *AXES):
+        raise ConfigError(f"--axis {axis!r}: expected one of auto, {', '.join(AXES)}")
+    if runs is not None:
+        from flows.compare import compare_runs, print_result
+        from tasks.tracking import TrackingSession
+
+        ids = [r.strip() for r in runs.split(",") if r.strip()]
+        if len(ids) != 2:
+            raise ConfigError(f"--runs {runs!r}: expected two run ids, comma-separated")
+        if axis == "auto":
+            raise ConfigError("--runs: name the compared --axis (device, precision or batch_size)")
+        print_result(compare_runs(TrackingSession.open(params.tracking), ids, axis))
+        return
+    from flows.prefect_env import TemporaryServer, apply_project_settings
+
+    apply_project_settings()
+    server = TemporaryServer()
+    server.start()
+    from flows.compare import compare
+
+    server.wait()
+    compare(
+        params_path=str(path),
+        overrides=list(set_),
+        axis=axis,
+        values=chosen,
+        max_steps=max_steps,
+        training_examples=training_examples,
+        validation_examples=validation_examples,
+        batch_size=batch_size,
+        precision=precision,
+        train_tokens=str(train_tokens) if train_tokens else None,
+        validation_tokens=str(validation_tokens) if validation_tokens else None,
+        tokenizer=str(tokenizer) if tokenizer else None,
+    )

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from flows.cli import app
+from flows.train_launch import launch_spec, nproc_value, relaunch_under_torchrun
 from gptcore.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -52,6 +53,7 @@ def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
         "grad_accum": "grad_accum_steps",
         "workers": "workers",
         "compile": "compile",
+        "nproc": "nproc",
     }
     overrides = []
     for flag, value in flags.items():
@@ -62,11 +64,25 @@ def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
     return overrides
 
 
-def training_callbacks(params: Any, stage: str) -> list[Any]:
-    """The callbacks `gptpipe train` runs with. The tracking adapter appends its MLflow callback here."""
+def training_callbacks(
+    params: Any, stage: str, run_name: str | None = None, track: bool = False, params_file: Path | None = None
+) -> list[Any]:
+    """The callbacks `gptpipe train` runs with: JSON lines, and with `track` the MLflow run (the store is
+    checked here, so an unreachable tracking server stops the command before any training)."""
     from gptcore.console import JsonLinesCallback
 
-    return [JsonLinesCallback()]
+    callbacks: list[Any] = [JsonLinesCallback()]
+    if track:
+        from tasks.tracking import TrackingSession, profile_params
+
+        session = TrackingSession.open(params.tracking)
+        tags = {"stage": stage, "kind": "training", "source": "gptpipe train"}
+        inputs = [params_file] if params_file else []
+        callback = session.training_callback(
+            run_name or stage, tags=tags, params=profile_params(params), artifacts=inputs
+        )
+        callbacks.append(callback)
+    return callbacks
 
 
 def _token_sources(
@@ -88,6 +104,7 @@ def _token_sources(
 
 @app.command("train")
 def train_command(
+    ctx: typer.Context,
     iteration: int | None = typer.Option(None, "--iteration", min=1, help="params/iteration_N.yaml"),
     params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
     set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value (repeatable)"),
@@ -114,10 +131,16 @@ def train_command(
     ),
     synthetic: bool = typer.Option(False, "--synthetic", help="train on a synthetic learnable stream"),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the model"),
+    no_track: bool = typer.Option(False, "--no-track", help="do not record the run in MLflow"),
+    nproc: str | None = typer.Option(None, "--nproc", help="processes per node: N or auto (one per GPU)"),
+    nnodes: int | None = typer.Option(None, "--nnodes", min=1, help="machines in the job (torchrun)"),
+    node_rank: int | None = typer.Option(None, "--node-rank", min=0, help="this machine's index"),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches"),
+    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="c10d (default) or static"),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="job id shared by the nodes"),
 ) -> None:
     """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last."""
     from gptcore.config import iteration_file, load_params
-    from gptcore.trainer import TrainJob, train
 
     if iteration is not None and params_file is not None:
         raise ConfigError("--iteration and --params: give one of them, not both")
@@ -141,28 +164,49 @@ def train_command(
         log_every=log_every,
         eval_every=eval_every,
         checkpoint_every=checkpoint_every,
+        nproc=nproc_value(nproc),
     )
     params = load_params(path, [*set_, *parameter_overrides(stage, flags)])
-    train_source, validation_source = _token_sources(
-        params, stage, train_tokens, validation_tokens, synthetic
-    )
-    if train_source is None and not dry_run:
-        raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
-    directory = checkpoint_directory or Path(params.paths.checkpoint_root) / f"{Path(path).stem}-{stage}"
-    job = TrainJob.from_params(
-        params,
-        stage,
-        train_tokens=train_source,
-        validation_tokens=validation_source,
-        checkpoint_directory=directory,
-        resume=resume,
-        dry_run=dry_run,
-        tokenizer=tokenizer,
-        metadata={"params_file": str(path), "stage": stage},
-    )
-    from gptcore.callbacks import CallbackList
+    launch = dict(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    spec = launch_spec(params, {**launch, "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id})
+    if spec is not None:  # several processes: this one launches them and watches
+        raise typer.Exit(relaunch_under_torchrun(spec, ctx))
+    from gptcore.distributed import process_group
+    from gptcore.runtime import resolve_device
+    from gptcore.trainer import TrainJob, train
 
-    train(job, CallbackList(training_callbacks(params, stage)))
+    with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
+        train_source, validation_source = _token_sources(
+            params, stage, train_tokens, validation_tokens, synthetic
+        )
+        if train_source is None and not dry_run:
+            raise ConfigError(
+                "--train-tokens: a training token file is required (or --synthetic, or --dry-run)"
+            )
+        directory = checkpoint_directory or Path(params.paths.checkpoint_root) / f"{Path(path).stem}-{stage}"
+        from tasks.tracking import training_metadata
+
+        run_name = f"{Path(path).stem}-{stage}"
+        track = not (no_track or dry_run) and world.is_main
+        callbacks = training_callbacks(params, stage, run_name, track, Path(path)) if world.is_main else []
+        metadata = training_metadata(callbacks)  # the MLflow run id travels in every checkpoint
+        metadata.update({"params_file": str(path), "stage": stage})
+        job = TrainJob.from_params(
+            params,
+            stage,
+            train_tokens=train_source,
+            validation_tokens=validation_source,
+            checkpoint_directory=directory,
+            resume=resume,
+            dry_run=dry_run,
+            tokenizer=tokenizer,
+            metadata=metadata,
+            world_size=world.world_size,
+            rank=world.rank,
+        )
+        from gptcore.callbacks import CallbackList
+
+        train(job, CallbackList(callbacks))
 
 
 @app.command("generate")

@@ -15,7 +15,7 @@ from flows.report import PipelineReport
 from gptcore.config import STAGES, load_params
 from gptcore.errors import ConfigError
 from tasks import stages
-from tasks.tracking_bridge import PipelineTracking
+from tasks.tracking import PipelineRecorder
 
 DEFAULT_PARAMS = "params/iteration_1.yaml"
 
@@ -29,7 +29,7 @@ def end_to_end(
         raise ConfigError(f"--until {until!r} is not allowed: expected one of {', '.join(STAGES)}")
     params = load_params(params_path, list(overrides or []))
     report = PipelineReport(until, title=f"gptpipe iteration {params.iteration}: {Path(params_path).name}")
-    tracking = PipelineTracking.start(params, Path(params_path), flow_run_id=str(flow_run.get_id() or ""))
+    tracking = PipelineRecorder.start(params, Path(params_path), flow_run_id=str(flow_run.get_id() or ""))
     report.links.update(tracking.links())
     try:
         tokenizer = report.stage("tokenizer", lambda: stages.tokenizer(params, tracking))
@@ -39,6 +39,9 @@ def end_to_end(
         report.stage("full", lambda: stages.full(params, tokens, device, smoke, tracking))
     finally:
         report.finish()
+        for outcome in report.outcomes.values():
+            if outcome.state == "failed":
+                tracking.record_stage(outcome)  # its child run ends FAILED with the reason
         tracking.finish(report)
         report.publish_artifact(key=f"gptpipe-iteration-{params.iteration}-summary")
         report.print_json()

@@ -5,15 +5,20 @@ Prefect is imported its settings are exported as `PREFECT_*` environment default
 anchored at the repository root: results, the temporary server's database and the profiles all stay in
 the project's `.prefect/`, and analytics stay off. Variables the user already set win.
 
-The temporary server Prefect starts when no API URL is configured takes seconds; `start_temporary_server`
-launches it in the background so that it comes up while torch and the stage code import.
+The temporary server Prefect starts when no API URL is configured takes seconds; `TemporaryServer`
+launches it first so that it comes up while torch and the stage code import.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
-import threading
+import socket
+import subprocess
+import sys
+import time
 import tomllib
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -59,31 +64,60 @@ def apply_project_settings(toml_path: Path = PREFECT_TOML) -> None:
 
 
 class TemporaryServer:
-    """Starts Prefect's temporary server in a background thread when no API URL is configured."""
+    """Prefect's temporary API server, started as a subprocess before Prefect is even imported.
 
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+    Prefect would start the same server itself (`uvicorn prefect.server.api.server:create_app`), but
+    only after importing its whole server package in this process, and it waits for the server to stop
+    at exit. Starting it here first, and pointing PREFECT_API_URL at it, lets it come up while torch and
+    the stage code import; at exit it is asked to stop without waiting. The database is the one under
+    PREFECT_HOME, as with Prefect's own temporary server.
+    """
+
+    def __init__(self, startup_timeout: float = 60.0) -> None:
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.api_url: str | None = None
 
     def start(self) -> None:
         if os.environ.get("PREFECT_API_URL"):
-            return
-        self._thread = threading.Thread(target=self._run, name="prefect-temporary-server", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            from prefect.server.api.server import SubprocessASGIServer
-
-            SubprocessASGIServer().start()
-        except BaseException as error:  # reported by wait(); Prefect's own start would raise it again
-            self._error = error
+            return  # a configured server wins
+        port = _free_port()
+        env = {
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+        }
+        command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        atexit.register(self.stop)
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        os.environ["PREFECT_API_URL"] = self.api_url
 
     def wait(self) -> None:
-        """Block until the server answers its health check (Prefect reuses it for the flow run)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        """Block until the server answers its health check."""
+        if self.process is None or self.api_url is None:
+            return
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the temporary Prefect server exited with code {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"the temporary Prefect server did not answer within {self.startup_timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # uvicorn shuts down cleanly on SIGTERM; no need to wait for it
+        self.process = None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

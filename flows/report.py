@@ -63,6 +63,7 @@ class PipelineReport:
                 "state": outcome.state,
                 "outputs": outcome.manifest.get("outputs", []),
                 "figures": outcome.manifest.get("figures", {}),
+                "seconds": outcome.seconds,
             }
             if outcome.message:
                 stage["message"] = outcome.message
@@ -77,7 +78,9 @@ class PipelineReport:
         lines = [f"# {self.title}", "", "| stage | state | seconds | figures |", "|---|---|---|---|"]
         for name in STAGES:
             outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
-            figures = ", ".join(f"{key}={_short(value)}" for key, value in outcome.manifest.get("figures", {}).items())
+            figures = ", ".join(
+                f"{key}={_short(value)}" for key, value in outcome.manifest.get("figures", {}).items()
+            )
             note = f" ({outcome.message})" if outcome.message else ""
             lines.append(f"| {name} | {outcome.state}{note} | {outcome.seconds:.2f} | {figures} |")
         if self.links:

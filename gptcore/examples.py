@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptcore.distributed import rank_micro_batches
 from gptcore.errors import DataError
 from gptcore.tokenfile import TokenStream, check_vocabulary, open_tokens
 
@@ -90,11 +91,11 @@ class StepPlan:
         return count // self.global_batch
 
     def micro_batches(self, order: np.ndarray, step_in_epoch: int) -> list[np.ndarray]:
-        """This rank's micro-batches (example indices) of one optimizer step. Rank r takes the r-th
-        contiguous share of the step's global batch, so the union over ranks is rank-count independent."""
-        start = step_in_epoch * self.global_batch + self.rank * self.batch_size * self.grad_accum_steps
-        share = order[start : start + self.batch_size * self.grad_accum_steps]
-        return [share[i : i + self.batch_size] for i in range(0, len(share), self.batch_size)]
+        """This rank's micro-batches (example indices) of one optimizer step; see
+        `gptcore.distributed.rank_micro_batches` for why the step's examples do not depend on ranks."""
+        return rank_micro_batches(
+            order, step_in_epoch, self.batch_size, self.grad_accum_steps, self.world_size, self.rank
+        )
 
 
 class BatchLoader:

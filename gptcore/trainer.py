@@ -12,11 +12,12 @@ from the checkpoint's is refused with the differing keys.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from gptcore import checkpoint as ckpt
 from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, PipelineParams, RuntimeConfig, TrainingConfig
+from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, grad_scaler, rank_range
 from gptcore.errors import CheckpointError, ConfigError, DataError, GptpipeError, TrainingError
 from gptcore.examples import BatchLoader, ExampleSet, StepPlan, epoch_order, open_examples, unigram_loss
 from gptcore.fingerprint import code_version, fingerprint
@@ -66,7 +68,7 @@ class TrainJob:
     tokenizer: Path | None = None
     extra_fingerprint: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
-    world_size: int = 1  # data-parallel ranks (scale-out issue); one process until then
+    world_size: int = 1  # data-parallel ranks, each a process in an initialised group (torchrun)
     rank: int = 0
 
     @classmethod
@@ -85,7 +87,8 @@ class TrainJob:
 def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> dict[str, Any]:
     """Run the job; return the summary. Failures reach the callbacks' `on_failure`, then propagate as
     a GptpipeError (out of memory included, with what to do about it)."""
-    events = callbacks or TrainingCallback()
+    # Rank 0 alone prints, tracks and reports: the other ranks compute the same figures silently.
+    events = (callbacks or TrainingCallback()) if job.rank == 0 else TrainingCallback()
     try:
         return _Run(job, events).execute()
     except GptpipeError as error:
@@ -136,16 +139,20 @@ def accumulate_gradients(
     accum: int,
     runtime: Runtime,
     scaler: torch.amp.GradScaler,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> torch.Tensor:
     """Forward and backward over the next `accum` micro-batches, adding the gradient of their mean loss
     (each micro-batch's mean loss / accum) into `.grad`. Returns the sum of the micro-batch losses,
-    detached and still on the device (no host sync)."""
+    detached and still on the device (no host sync). With `no_sync` (DDP's), gradients are averaged
+    across ranks only in the last micro-step's backward: the others just accumulate locally."""
     total = None
-    for _ in range(accum):
+    for micro in range(accum):
         x, y = next(batches)
-        with runtime.autocast():
-            _, loss = forward(x, y)
-        scaler.scale(loss / accum).backward()
+        skip_sync = no_sync is not None and micro < accum - 1
+        with no_sync() if skip_sync else contextlib.nullcontext():
+            with runtime.autocast():
+                _, loss = forward(x, y)
+            scaler.scale(loss / accum).backward()
         total = loss.detach() if total is None else total + loss.detach()
     return total
 
@@ -161,14 +168,16 @@ class _Run:
         self.train_set, self.val_set = self._open_data()
         self._seed(self.training.seed)
         self.model = GPT(job.model).to(self.runtime.device)
-        self.forward = torch.compile(self.model) if self.runtime.compile else self.model
+        self.ddp = self._data_parallel()
+        replica = self.ddp or self.model
+        self.forward = torch.compile(replica) if self.runtime.compile else replica
         self.optimizer = self._optimizer()
         self.planned_steps = self._planned_steps()
         opt = self.training.optimizer
         warmup = min(opt.warmup_steps, max(0, (self.planned_steps or 1) - 1))
         total = self.planned_steps or 1
         self.schedule = WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
-        self.scaler = torch.amp.GradScaler(self.runtime.device, enabled=self.runtime.uses_grad_scaler)
+        self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
         self.config = self._resume_config()
         self.fingerprint = fingerprint(self.config)
         self.step = 0
@@ -214,6 +223,19 @@ class _Run:
                 "validation",
             )
         return train, validation
+
+    def _data_parallel(self) -> torch.nn.parallel.DistributedDataParallel | None:
+        """DDP over the job's process group when there are several ranks: it starts every replica from
+        rank 0's weights and averages gradients across ranks during backward."""
+        if self.job.world_size == 1:
+            return None
+        if not torch.distributed.is_initialized():
+            raise ConfigError(
+                f"world size {self.job.world_size}: no process group; launch with --nproc (torchrun)"
+            )
+        cuda = self.runtime.device == "cuda"
+        devices = [torch.cuda.current_device()] if cuda else None
+        return torch.nn.parallel.DistributedDataParallel(self.model, device_ids=devices)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         opt = self.training.optimizer
@@ -288,6 +310,9 @@ class _Run:
             "checkpoint_directory": str(self.job.checkpoint_directory)
             if self.job.checkpoint_directory
             else None,
+            "world_size": self.job.world_size,
+            "per_rank_batch_size": self.plan.batch_size,
+            "global_batch": self.plan.global_batch,
             "start_step": self.step,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "fingerprint": self.fingerprint,
@@ -339,14 +364,14 @@ class _Run:
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         ckpt.restore_rng(state["rng"])
-        self.step = int(state["step"])
+        self.step = agree_on_int(int(state["step"]), "the resume step", self.runtime.device)
         self.best_val_loss = state["best_val_loss"]
         self.resumed_from = path
 
     def save(self, kind: str) -> None:
         directory = self.job.checkpoint_directory
-        if directory is None:
-            return
+        if directory is None or self.job.rank != 0:
+            return  # replicas are identical: rank 0 writes the one checkpoint
         per_epoch = self.plan.steps_per_epoch(self.train_set.count)
         state = {
             "model": self.model.state_dict(),
@@ -393,16 +418,15 @@ class _Run:
         self.model.eval()
         loader = BatchLoader(self.val_set, self.runtime.device, self.runtime.pin_memory, 0)
         batch = self.runtime.batch_size
-        indices = (
-            np.arange(s, min(s + batch, self.val_set.count)) for s in range(0, self.val_set.count, batch)
-        )
+        share = rank_range(self.val_set.count, self.job.world_size, self.job.rank)  # each rank its part
+        indices = (np.arange(s, min(s + batch, share.stop)) for s in range(share.start, share.stop, batch))
         total = torch.zeros((), device=self.runtime.device, dtype=torch.float64)
         for x, y in loader.batches(indices):
             with self.runtime.autocast():
                 _, loss = self.model(x, y)
             total += loss.double() * x.shape[0]
         self.model.train()
-        self.last_val_loss = float(total.item()) / self.val_set.count
+        self.last_val_loss = float(all_reduce_sum(total).item()) / self.val_set.count
         metrics: dict[str, Any] = {
             "step": self.step,
             "val_loss": self.last_val_loss,
@@ -432,7 +456,8 @@ class _Run:
         return torch.nn.utils.clip_grad_norm_(parameters, clip if clip > 0 else float("inf"), foreach=True)
 
     def _log(self, meter: Throughput, loss_sum: torch.Tensor, steps: int, grad_norm: torch.Tensor) -> None:
-        self.last_train_loss = float(loss_sum.item()) / (steps * self.plan.grad_accum_steps)
+        mean_over_ranks = all_reduce_mean(loss_sum)  # every rank gets the same value: they stop together
+        self.last_train_loss = float(mean_over_ranks.item()) / (steps * self.plan.grad_accum_steps)
         if not math.isfinite(self.last_train_loss):
             raise TrainingError(
                 f"training loss is {self.last_train_loss} at step {self.step}; stopped (the last checkpoint "
@@ -464,7 +489,9 @@ class _Run:
         try:
             while self.step < self.planned_steps:
                 self.schedule.apply(self.optimizer, self.step)
-                loss_sum += accumulate_gradients(self.forward, batches, accum, self.runtime, self.scaler)
+                loss_sum += accumulate_gradients(
+                    self.forward, batches, accum, self.runtime, self.scaler, self.ddp and self.ddp.no_sync
+                )
                 self.scaler.unscale_(self.optimizer)
                 logging = (self.step + 1) % t.log_every == 0 or self.step + 1 == self.planned_steps
                 grad_norm = (

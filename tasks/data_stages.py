@@ -54,7 +54,10 @@ def tokenizer_task(
         "fingerprint": fingerprint,
         "tokenizer": manifest.to_dict(),
         "corpus": loaded.to_dict(),
-        FILES_KEY: {manifest.path: manifest.sha256, str(folder / "manifest.json"): sha256_file(folder / "manifest.json")},
+        FILES_KEY: {
+            manifest.path: manifest.sha256,
+            str(folder / "manifest.json"): sha256_file(folder / "manifest.json"),
+        },
         "outputs": [manifest.path],
         "figures": {
             "vocab_size": manifest.vocab_size,

@@ -46,7 +46,9 @@ class GateResult:
         return {**asdict(self), "passed": self.passed}
 
 
-def judge(train_losses: list[float], val_losses: list[float], peak_memory: int, memory_limit: int) -> GateResult:
+def judge(
+    train_losses: list[float], val_losses: list[float], peak_memory: int, memory_limit: int
+) -> GateResult:
     """Apply the three checks to the losses a smoke run logged and its measured peak memory."""
     if len(train_losses) < 2:
         raise TrainingError(

@@ -14,14 +14,14 @@ from gptcore.config import PipelineParams
 from tasks import data_stages, training_stages
 from tasks.caching import StageOutcome, run_cached
 from tasks.device_stage import device_task
-from tasks.tracking_bridge import PipelineTracking
+from tasks.tracking import PipelineRecorder
 
 
 def data_root(params: PipelineParams) -> str:
     return str(Path(params.paths.data_root).resolve())
 
 
-def tokenizer(params: PipelineParams, tracking: PipelineTracking) -> StageOutcome:
+def tokenizer(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
     corpus_fp, fingerprint = data_stages.tokenizer_stage_fingerprint(params.corpus, params.tokenizer)
     outcome = run_cached(
         "tokenizer",
@@ -36,7 +36,7 @@ def tokenizer(params: PipelineParams, tracking: PipelineTracking) -> StageOutcom
     return outcome
 
 
-def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineTracking) -> StageOutcome:
+def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineRecorder) -> StageOutcome:
     outcome = run_cached(
         "tokens",
         data_stages.tokens_task,
@@ -49,7 +49,7 @@ def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineTr
     return outcome
 
 
-def device(params: PipelineParams, tracking: PipelineTracking) -> StageOutcome:
+def device(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
     started = time.perf_counter()
     manifest = device_task(params)
     outcome = StageOutcome("device", "completed", manifest, round(time.perf_counter() - started, 3))
@@ -58,7 +58,7 @@ def device(params: PipelineParams, tracking: PipelineTracking) -> StageOutcome:
 
 
 def smoke(
-    params: PipelineParams, tokens: StageOutcome, device: StageOutcome, tracking: PipelineTracking
+    params: PipelineParams, tokens: StageOutcome, device: StageOutcome, tracking: PipelineRecorder
 ) -> StageOutcome:
     fingerprint = training_stages.smoke_fingerprint(params, tokens.manifest, device.manifest)
     outcome = run_cached(
@@ -80,7 +80,7 @@ def full(
     tokens: StageOutcome,
     device: StageOutcome,
     smoke: StageOutcome,
-    tracking: PipelineTracking,
+    tracking: PipelineRecorder,
 ) -> StageOutcome:
     refusal = training_stages.full_refusal(params, device.manifest)
     if refusal:

@@ -114,6 +114,7 @@ def _train(
     """One gptcore training run; the trainer writes checkpoints into `directory`."""
     from gptcore.callbacks import CallbackList
     from gptcore.trainer import TrainJob, train
+    from tasks.tracking import training_metadata
 
     stage = "smoke" if settings is params.smoke else "full"
     job = TrainJob.from_params(
@@ -125,6 +126,7 @@ def _train(
         resume=resume,
         tokenizer=Path(tokens["tokenizer_path"]),
         extra_fingerprint={"tokens": tokens["fingerprint"]},
+        metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
     )
     return train(job, CallbackList(callbacks))
 
@@ -142,9 +144,17 @@ def smoke_task(
     progress = PrefectProgress(f"smoke-iteration-{params.iteration}", params.smoke.max_steps or 1)
     callbacks = [progress, *run_context.get("callbacks", [])]
     summary = _train(params, params.smoke, tokens, device, directory, callbacks, resume=False)
-    gate = judge(progress.losses, progress.val_losses, int(summary.get("peak_memory_bytes", 0)), memory_limit(device["device"]))
+    gate = judge(
+        progress.losses,
+        progress.val_losses,
+        int(summary.get("peak_memory_bytes", 0)),
+        memory_limit(device["device"]),
+    )
     full_steps = planned_steps(
-        params.full, params.model.architecture.block_size, device["runtime"], tokens["tokens"]["files"]["train"]["tokens"]
+        params.full,
+        params.model.architecture.block_size,
+        device["runtime"],
+        tokens["tokens"]["files"]["train"]["tokens"],
     )
     estimate = estimate_full_seconds(full_steps, float(summary.get("steps_per_second", 0.0)))
     record = {
@@ -176,7 +186,7 @@ def announce_smoke(manifest: dict[str, Any]) -> None:
     figures = manifest.get("figures", {})
     announce(
         f"smoke: {figures.get('tokens_per_second', 0):.0f} tokens/s measured; loss "
-        f"{figures.get('first_train_loss', float('nan')):.3f} -> {figures.get('last_train_loss', float('nan')):.3f}; "
+        f"{figures.get('first_train_loss', math.nan):.3f} -> {figures.get('last_train_loss', math.nan):.3f}; "
         f"full run of {figures.get('full_planned_steps')} steps estimated at "
         f"{figures.get('estimated_full_seconds')} s"
     )
@@ -196,7 +206,9 @@ def full_task(
     planned = smoke.get("full_planned_steps") or params.full.max_steps or 1
     progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
     callbacks = [progress, *run_context.get("callbacks", [])]
-    summary = _train(params, params.full, tokens, device, directory, callbacks, resume=resume_from is not None)
+    summary = _train(
+        params, params.full, tokens, device, directory, callbacks, resume=resume_from is not None
+    )
     summary["start_step"] = progress.start_step
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]

@@ -14,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_pipeline import write_corpus, write_params
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +50,9 @@ def prefect(env: dict[str, str], *args: str, timeout: float = 120) -> str:
     result = subprocess.run(
         [*PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
-    assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    assert result.returncode == 0, (
+        f"prefect {' '.join(args)}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    )
     return result.stdout
 
 

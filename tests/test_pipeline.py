@@ -24,7 +24,26 @@ from tasks.training_stages import full_refusal
 
 REPO = Path(__file__).resolve().parent.parent
 GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
-WORDS = "the quick brown fox jumps over a lazy dog then runs far into the forest where birds sing".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "then",
+    "runs",
+    "far",
+    "into",
+    "the",
+    "forest",
+    "where",
+    "birds",
+    "sing",
+]
 
 TINY_PROFILE = """\
 name: tiny
@@ -100,9 +119,7 @@ threading.Event().wait()
 
 
 def gptpipe(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [*GPTPIPE, "run", *args], env=env, cwd=REPO, capture_output=True, text=True
-    )
+    result = subprocess.run([*GPTPIPE, "run", *args], env=env, cwd=REPO, capture_output=True, text=True)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -139,7 +156,11 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     # A deleted output file: its stage runs again; stages downstream keep their cache (same fingerprint).
     Path(stages_of(again)["tokens"]["outputs"][1]).unlink()
     repaired = gptpipe(prefect_env, "--params", params)
-    assert states(repaired) == {**dict.fromkeys(STAGES, "cached"), "device": "completed", "tokens": "completed"}
+    assert states(repaired) == {
+        **dict.fromkeys(STAGES, "cached"),
+        "device": "completed",
+        "tokens": "completed",
+    }
     assert all(Path(path).is_file() for path in stages_of(repaired)["tokens"]["outputs"])
 
     # One document's content changed: everything downstream of the corpus runs again.
@@ -163,7 +184,9 @@ def test_until_stops_after_the_named_stage(tmp_path: Path, prefect_env: dict[str
 
 
 @pytest.mark.slow
-def test_killed_full_training_resumes_from_its_latest_checkpoint(tmp_path: Path, prefect_env: dict[str, str]) -> None:
+def test_killed_full_training_resumes_from_its_latest_checkpoint(
+    tmp_path: Path, prefect_env: dict[str, str]
+) -> None:
     write_corpus(tmp_path, seed=2)
     params = str(write_params(tmp_path, full_steps=400, checkpoint_every=20))
     process = subprocess.Popen(
@@ -174,7 +197,9 @@ def test_killed_full_training_resumes_from_its_latest_checkpoint(tmp_path: Path,
         stderr=subprocess.DEVNULL,
     )
     try:
-        checkpoint = _wait_for(lambda: next((tmp_path / "checkpoints").glob("*-full-*/step-*.json"), None), 240)
+        checkpoint = _wait_for(
+            lambda: next((tmp_path / "checkpoints").glob("*-full-*/step-*.json"), None), 240
+        )
     finally:
         process.kill()
         process.wait()

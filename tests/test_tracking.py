@@ -42,10 +42,25 @@ STARTUP = {
     "resumed_from": None,
 }
 REQUIRED_PARAMS = [
-    "processor", "gpu_name", "gpu_memory_bytes", "torch_version", "cuda_available", "device", "precision",
-    "tensor_cores_enabled", "tf32_enabled", "fused_adamw", "batch_size", "grad_accum_steps",
-    "effective_batch_size", "workers", "sequence_length", "parameter_count", "max_steps", "planned_tokens",
-]  # fmt: skip
+    "processor",
+    "gpu_name",
+    "gpu_memory_bytes",
+    "torch_version",
+    "cuda_available",
+    "device",
+    "precision",
+    "tensor_cores_enabled",
+    "tf32_enabled",
+    "fused_adamw",
+    "batch_size",
+    "grad_accum_steps",
+    "effective_batch_size",
+    "workers",
+    "sequence_length",
+    "parameter_count",
+    "max_steps",
+    "planned_tokens",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -61,8 +76,16 @@ def session(tmp_path: Path) -> TrackingSession:
 
 
 def step(n: int, loss: float) -> dict[str, Any]:
-    return {"step": n, "train_loss": loss, "learning_rate": 1e-3, "grad_norm": 0.5, "tokens_per_second": 900.0,
-            "steps_per_second": 2.0, "mfu": 0.1, "epoch": 0}  # fmt: skip
+    return {
+        "step": n,
+        "train_loss": loss,
+        "learning_rate": 1e-3,
+        "grad_norm": 0.5,
+        "tokens_per_second": 900.0,
+        "steps_per_second": 2.0,
+        "mfu": 0.1,
+        "epoch": 0,
+    }
 
 
 def fake_checkpoint(folder: Path, name: str, metadata: dict[str, Any]) -> Path:
@@ -87,10 +110,16 @@ def test_default_store_is_sqlite_under_mlruns_of_the_working_directory(tmp_path:
     assert target.source == "default"
 
 
-def test_environment_uri_wins_over_the_parameter_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_environment_uri_wins_over_the_parameter_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     target = resolve_target(TrackingConfig(uri="sqlite:///elsewhere.db"), root=tmp_path)
-    assert (target.uri, target.source, target.artifact_location) == ("http://127.0.0.1:5999", "MLFLOW_TRACKING_URI", None)
+    assert (target.uri, target.source, target.artifact_location) == (
+        "http://127.0.0.1:5999",
+        "MLFLOW_TRACKING_URI",
+        None,
+    )
 
 
 def test_the_old_file_store_is_refused_with_what_to_use(tmp_path: Path) -> None:
@@ -109,7 +138,11 @@ def test_an_unreachable_server_is_a_clear_error_within_seconds() -> None:
 
 
 def test_secret_environment_values_never_reach_a_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    environ = {"HF_TOKEN": "hf_abcdef123", "AWS_SECRET_ACCESS_KEY": "s3cr3tvalue", "CUDA_VISIBLE_DEVICES": "0"}
+    environ = {
+        "HF_TOKEN": "hf_abcdef123",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3tvalue",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
     assert redact("login hf_abcdef123 and s3cr3tvalue", environ) == "login *** and ***"
     assert redact("http://me:pw1234@host:5000/x", {}) == "http://me:***@host:5000/x"
     environ["MY_API_KEY_HOSTNAME"] = "nope"
@@ -123,8 +156,12 @@ def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
     session: TrackingSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "key-that-must-not-leak")
-    callback = session.training_callback("train", params={"model.profile": "tiny", "note": "key-that-must-not-leak"},
-                                         system_metrics=False, flush_seconds=0.05)  # fmt: skip
+    callback = session.training_callback(
+        "train",
+        params={"model.profile": "tiny", "note": "key-that-must-not-leak"},
+        system_metrics=False,
+        flush_seconds=0.05,
+    )
     callback.on_start(STARTUP)
     run_id = callback.run_id
     assert training_metadata([object(), callback])["mlflow_run_id"] == run_id
@@ -148,10 +185,17 @@ def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
     assert "estimated_total_seconds" not in run.data.metrics  # None is not a number to plot
     assert run.data.metrics["peak_memory_bytes"] == 1.5
     assert run.data.tags["latest_checkpoint"] == str((folder / "final.pt").resolve())
-    logged = {a.path for folder_ in ("checkpoints/final", "checkpoints/best")
-              for a in session.client.list_artifacts(run_id, folder_)}  # fmt: skip
-    assert logged == {"checkpoints/final/final.pt", "checkpoints/final/final.json",
-                      "checkpoints/best/best.pt", "checkpoints/best/best.json"}  # fmt: skip
+    logged = {
+        a.path
+        for folder_ in ("checkpoints/final", "checkpoints/best")
+        for a in session.client.list_artifacts(run_id, folder_)
+    }
+    assert logged == {
+        "checkpoints/final/final.pt",
+        "checkpoints/final/final.json",
+        "checkpoints/best/best.pt",
+        "checkpoints/best/best.json",
+    }
     assert callback.report["failed_calls"] == 0
 
 
@@ -172,8 +216,15 @@ class FlakyClient:
 
 
 def flaky_callback(session: TrackingSession, failures: int) -> MLflowCallback:
-    return MLflowCallback(FlakyClient(session.client, failures), session.target.uri, session.experiment_id, "flaky",
-                          system_metrics=False, flush_seconds=0.05, backoff_seconds=0.01)  # fmt: skip
+    return MLflowCallback(
+        FlakyClient(session.client, failures),
+        session.target.uri,
+        session.experiment_id,
+        "flaky",
+        system_metrics=False,
+        flush_seconds=0.05,
+        backoff_seconds=0.01,
+    )
 
 
 def test_failed_logging_calls_are_retried_counted_and_training_never_sees_them(
@@ -233,7 +284,9 @@ def test_a_resume_continues_the_run_named_in_its_checkpoint(session: TrackingSes
     first.on_failure("interrupted")
 
     second = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
-    second.on_start(STARTUP | {"start_step": 2, "resumed_from": str(checkpoint), "batch_size": 2, "grad_accum_steps": 4})
+    second.on_start(
+        STARTUP | {"start_step": 2, "resumed_from": str(checkpoint), "batch_size": 2, "grad_accum_steps": 4}
+    )
     second.on_step(step(4, 4.0))
     second.on_end({"steps": 4})
     assert second.run_id == first.run_id and second.continued
@@ -251,9 +304,11 @@ def pipeline_params(tmp_path: Path) -> tuple[Any, Path]:
 
     path = tmp_path / "iteration.yaml"
     path.write_text(
-        "iteration: 7\nmodel:\n  name: tiny\n  architecture: {n_layer: 1, n_head: 1, n_embd: 8, block_size: 8, "
-        "vocab_size: 300}\n  cpu: {batch_size: 2}\n  gpu: {batch_size: 2}\ntokenizer: {vocab_size: 300}\n"
-        f"tracking:\n  uri: {fresh_store(tmp_path)}\n  artifact_root: {tmp_path / 'art'}\n  experiment: it-7\n"
+        "iteration: 7\nmodel:\n  name: tiny\n  architecture: {n_layer: 1, n_head: 1, n_embd: 8, "
+        "block_size: 8, vocab_size: 300}\n  cpu: {batch_size: 2}\n  gpu: {batch_size: 2}\n"
+        "tokenizer: {vocab_size: 300}\n"
+        f"tracking:\n  uri: {fresh_store(tmp_path)}\n  artifact_root: {tmp_path / 'art'}\n"
+        "  experiment: it-7\n"
     )
     return load_params(path), path
 
@@ -267,12 +322,14 @@ def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_poi
     manifest = {"fingerprint": "abc123", "files": {str(manifest_file): "x"}, "figures": {"vocab_size": 300}}
 
     first = PipelineRecorder.start(params, path, flow_run_id="flow-1")
-    producer = first.record_stage(SimpleNamespace(name="tokenizer", state="completed", manifest=manifest,
-                                                  seconds=1.0, message=""))  # fmt: skip
+    producer = first.record_stage(
+        SimpleNamespace(name="tokenizer", state="completed", manifest=manifest, seconds=1.0, message="")
+    )
     first.finish(failed=False)
     second = PipelineRecorder.start(params, path, flow_run_id="flow-2")
-    cached = second.record_stage(SimpleNamespace(name="tokenizer", state="cached", manifest=manifest,
-                                                 seconds=0.1, message=""))  # fmt: skip
+    cached = second.record_stage(
+        SimpleNamespace(name="tokenizer", state="cached", manifest=manifest, seconds=0.1, message="")
+    )
     second.finish(failed=False)
 
     client = first.session.client
@@ -298,14 +355,22 @@ def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) ->
     recorder = PipelineRecorder.start(params, path)
     context = recorder.context("smoke")
     model = ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=300)
-    job = TrainJob(model=model, runtime=RuntimeConfig(device="cpu", precision="fp32"),
-                   training=TrainingConfig(max_steps=3, log_every=1, eval_every=3, checkpoint_every=100),
-                   train_tokens=synthetic_stream(300, 9 * 64, 1), validation_tokens=synthetic_stream(300, 9 * 8, 2),
-                   checkpoint_directory=tmp_path / "ckpt", device_defaults=lambda _: DeviceDefaults(batch_size=2),
-                   metadata=training_metadata(context["callbacks"]))  # fmt: skip
+    job = TrainJob(
+        model=model,
+        runtime=RuntimeConfig(device="cpu", precision="fp32"),
+        training=TrainingConfig(max_steps=3, log_every=1, eval_every=3, checkpoint_every=100),
+        train_tokens=synthetic_stream(300, 9 * 64, 1),
+        validation_tokens=synthetic_stream(300, 9 * 8, 2),
+        checkpoint_directory=tmp_path / "ckpt",
+        device_defaults=lambda _: DeviceDefaults(batch_size=2),
+        metadata=training_metadata(context["callbacks"]),
+    )
     train(job, context["callbacks"][0])
-    run_id = recorder.record_stage(SimpleNamespace(name="smoke", state="completed", manifest={"fingerprint": "f"},
-                                                   seconds=1.0, message=""))  # fmt: skip
+    run_id = recorder.record_stage(
+        SimpleNamespace(
+            name="smoke", state="completed", manifest={"fingerprint": "f"}, seconds=1.0, message=""
+        )
+    )
     recorder.finish(failed=False)
     assert run_id == context["run_id"]
     run = recorder.session.client.get_run(run_id)
@@ -315,3 +380,66 @@ def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) ->
     from gptcore.checkpoint import checkpoint_metadata
 
     assert checkpoint_metadata(tmp_path / "ckpt" / "final.pt")["metadata"]["mlflow_run_id"] == run_id
+
+
+# --- `gptpipe train` --------------------------------------------------------------------------------
+
+
+def train_args(params_file: Path, directory: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        "--params",
+        str(params_file),
+        "--synthetic",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "4",
+        "--training-examples",
+        "32",
+        "--validation-examples",
+        "8",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--checkpoint-directory",
+        str(directory),
+        *extra,
+    ]
+
+
+def test_gptpipe_train_records_its_run_and_a_resume_continues_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli import main
+    from gptcore.checkpoint import checkpoint_metadata
+
+    params, path = pipeline_params(tmp_path)
+    directory = tmp_path / "run"
+    assert main(train_args(path, directory)) == 0
+    run_id = checkpoint_metadata(directory / "final.pt")["metadata"]["mlflow_run_id"]
+    session = TrackingSession.open(params.tracking)
+    run = session.client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "iteration-full"
+    assert [a.path for a in session.client.list_artifacts(run_id, "inputs")] == ["inputs/iteration.yaml"]
+    assert run.data.params["model.profile"] == "tiny"
+    assert main(train_args(path, directory, "--resume")) == 0  # resumes from final: nothing left to train
+    assert checkpoint_metadata(directory / "final.pt")["metadata"]["mlflow_run_id"] == run_id
+    assert len(session.client.search_runs([session.experiment_id])) == 1
+    capsys.readouterr()
+
+
+def test_gptpipe_train_stops_before_training_when_the_tracking_server_is_unreachable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli import main
+
+    _, path = pipeline_params(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # discard port: nothing answers
+    directory = tmp_path / "run"
+    assert main(train_args(path, directory)) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: tracking server http://127.0.0.1:9 is unreachable")
+    assert '"event": "startup"' not in captured.out and not directory.exists()
+    assert main([*train_args(path, directory), "--no-track"]) == 0  # the opt-out trains without MLflow

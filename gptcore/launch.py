@@ -1,0 +1,346 @@
+"""Launching training under torchrun, as a watched subprocess.
+
+`torchrun_command` builds the command: `python -m gptcore.launch <torchrun flags> -m flows.cli train ...`.
+`gptcore.launch` run as a module is torchrun itself (`torch.distributed.run`) with two differences: it
+exits with the exit code of the first rank that failed (torchrun exits 1 whatever the rank did; a rank
+killed by a signal gives 128 + the signal, as shells do), and it stops its ranks when the process that
+launched it dies.
+
+`run_training_subprocess` runs such a command, hands each output line to `on_line` as it comes, returns
+the exit code, and on cancellation (an event, SIGTERM, Ctrl-C, an error in `on_line`) stops torchrun and
+every rank: torchrun starts each rank in a session of its own, so killing torchrun's process group alone
+would leave ranks behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, Literal
+
+import psutil
+
+from gptcore.callbacks import TrainingCallback
+from gptcore.errors import ConfigError, TrainingError
+
+LAUNCHER_PID_VARIABLE = "GPTPIPE_LAUNCHER_PID"
+TRAIN_MODULE = "flows.cli"
+RDZV_BACKENDS = ("c10d", "static")
+
+
+class LaunchCancelled(TrainingError):
+    """The launched training was stopped from outside (flow-run cancellation, SIGTERM, Ctrl-C)."""
+
+    exit_code = 130
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """torchrun's topology flags. One node: a standalone rendezvous on a free local port. Several: every
+    node runs the same command with its own `node_rank`, all naming one `rdzv_endpoint` (host:port)."""
+
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "c10d"
+    rdzv_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc {self.nproc_per_node}: must be at least 1 (or auto)")
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes {self.nnodes}: must be at least 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank {self.node_rank}: must be in 0..{self.nnodes - 1}")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            raise ConfigError(
+                f"--rdzv-backend {self.rdzv_backend!r}: expected one of {', '.join(RDZV_BACKENDS)}"
+            )
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError(
+                f"--nnodes {self.nnodes}: needs --rdzv-endpoint HOST:PORT, the address every node reaches "
+                "(the first node's, for example)"
+            )
+        if self.rdzv_endpoint and ":" not in self.rdzv_endpoint:
+            raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r}: expected HOST:PORT")
+
+    @property
+    def needs_torchrun(self) -> bool:
+        return self.nproc_per_node > 1 or self.nnodes > 1
+
+    def torchrun_flags(self) -> list[str]:
+        flags = ["--nproc-per-node", str(self.nproc_per_node)]
+        if self.nnodes == 1 and not self.rdzv_endpoint:
+            return [*flags, "--standalone"]
+        flags += ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank)]
+        flags += ["--rdzv-backend", self.rdzv_backend, "--rdzv-endpoint", str(self.rdzv_endpoint)]
+        return [*flags, "--rdzv-id", self.rdzv_id] if self.rdzv_id else flags
+
+
+def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by torchrun (or another launcher setting the same variables)."""
+    env = os.environ if env is None else env
+    return "WORLD_SIZE" in env and "RANK" in env
+
+
+def resolve_nproc(nproc: int | Literal["auto"] | str, device: str = "auto") -> int:
+    """`auto`: one process per visible GPU when training on CUDA (`device` auto or cuda), one on CPU (a
+    CPU process already uses every core through its threads)."""
+    if nproc != "auto":
+        try:
+            value = int(nproc)
+        except ValueError:
+            raise ConfigError(f"--nproc {nproc!r}: expected a positive integer or auto") from None
+        if value < 1:
+            raise ConfigError(f"--nproc {value}: must be at least 1 (or auto)")
+        return value
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return 1
+    return max(1, torch.cuda.device_count())
+
+
+def worker_threads(nproc_per_node: int) -> int:
+    """CPU threads per rank: the cores this process may use, shared out (torchrun would set 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // nproc_per_node)
+
+
+def torchrun_command(
+    spec: LaunchSpec, train_args: Sequence[str], module: str = TRAIN_MODULE, python: str | None = None
+) -> list[str]:
+    """The command that runs `python -m <module> <train_args>` once per rank under torchrun."""
+    return [
+        python or sys.executable,
+        "-m",
+        "gptcore.launch",
+        *spec.torchrun_flags(),
+        "-m",
+        module,
+        *train_args,
+    ]
+
+
+def launch_environment(spec: LaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.setdefault("OMP_NUM_THREADS", str(worker_threads(spec.nproc_per_node)))
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the watcher as they are written
+    env[LAUNCHER_PID_VARIABLE] = str(os.getpid())
+    return env
+
+
+# --- watching the subprocess ---------------------------------------------------------------------------
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while watching: unwinds the watch loop like KeyboardInterrupt does."""
+
+
+def _pump(stream: IO[str], lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def stop_process_tree(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
+    """SIGTERM the launcher's group and every descendant (ranks live in sessions of their own), then
+    SIGKILL whatever is left after `grace_seconds`. Descendants are listed first: once torchrun is
+    gone, its ranks are no longer findable through it."""
+    try:
+        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            member.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(tree, timeout=grace_seconds)
+    for member in alive:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
+    psutil.wait_procs(alive, timeout=5)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[list[bool]]:
+    """While watching (on the main thread), SIGTERM raises `_Terminated` so the ranks are stopped;
+    afterwards the previous handler is restored and the signal delivered again, so whoever else
+    handles it (Prefect's engine, the default exit) still sees it."""
+    received: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(True)
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)
+
+
+def run_training_subprocess(
+    command: Sequence[str],
+    on_line: Callable[[str], None],
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    cancel: threading.Event | None = None,
+    grace_seconds: float = 10.0,
+) -> int:
+    """Run `command`, stdout and stderr merged, each line (without its newline) to `on_line` as it
+    comes; return its exit code. A set `cancel` event, SIGTERM, Ctrl-C or an exception from `on_line`
+    stops the whole process tree first; cancellation then raises `LaunchCancelled`."""
+    process = subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        env=env,
+        cwd=cwd,
+        start_new_session=True,  # our own group: a terminal's Ctrl-C reaches us, we stop the tree
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
+    with _sigterm_unwinds():
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=0.2)
+                except queue.Empty:
+                    if cancel is not None and cancel.is_set():
+                        raise LaunchCancelled(
+                            "training cancelled: torchrun and every rank were stopped"
+                        ) from None
+                    continue
+                if line is None:
+                    break
+                on_line(line.rstrip("\n"))
+            return process.wait()
+        except BaseException:
+            stop_process_tree(process, grace_seconds)
+            raise
+
+
+# --- JSON lines of a launched run back into callbacks --------------------------------------------------
+
+
+class JsonLinesReplay:
+    """Feeds a launched `gptpipe train`'s JSON lines (rank 0's) to a callback, as if in process; other
+    lines go to `on_text`. `summary` holds the summary line once it has come, `failure` the reason."""
+
+    def __init__(self, callback: TrainingCallback, on_text: Callable[[str], None] | None = None) -> None:
+        self.callback = callback
+        self.on_text = on_text or (lambda line: None)
+        self.startup: dict[str, Any] | None = None
+        self.summary: dict[str, Any] | None = None
+        self.failure: str | None = None
+
+    def __call__(self, line: str) -> None:
+        record = _json_record(line)
+        if record is None:
+            self.on_text(line)
+            return
+        event = record.pop("event")
+        if event == "startup":
+            self.startup = {"event": event, **record}
+            self.callback.on_start(self.startup)
+        elif event == "step":
+            self.callback.on_step(record)
+        elif event == "eval":
+            self.callback.on_eval(record)
+        elif event == "checkpoint":
+            from pathlib import Path
+
+            self.callback.on_checkpoint(Path(record.pop("path")), record)
+        elif event == "summary":
+            self.summary = {"event": event, **record}
+            self.callback.on_end(self.summary)
+        elif event == "failure":
+            self.failure = str(record.get("reason"))
+            self.callback.on_failure(self.failure)
+        else:
+            self.on_text(line)
+
+
+def _json_record(line: str) -> dict[str, Any] | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("event"), str) else None
+
+
+# --- the torchrun entry point (`python -m gptcore.launch ...`) -----------------------------------------
+
+
+def _die_with_launcher() -> None:
+    """Ask Linux to SIGTERM us when the launching process dies (torchrun then stops its ranks), and
+    watch for it having died already before the request took effect."""
+    expected = os.environ.get(LAUNCHER_PID_VARIABLE)
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if expected and str(os.getppid()) != expected:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def exit_code_of(failure_exitcode: int) -> int:
+    """A rank's exit code as a shell reports it: a signal N becomes 128 + N."""
+    return 128 - failure_exitcode if failure_exitcode < 0 else failure_exitcode or 1
+
+
+def torchrun_main(argv: Sequence[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    _die_with_launcher()
+    args = parse_args(list(argv))
+    started = time.monotonic()
+    try:
+        run(args)
+    except ChildFailedError as error:
+        rank, failure = error.get_first_failure()
+        code = exit_code_of(failure.exitcode)
+        cause = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+        print(
+            f"error: rank {rank} failed first ({cause}) after {time.monotonic() - started:.1f} s; "
+            f"{len(error.failures)} rank(s) failed; exiting with {code}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return code
+    except SignalException as error:  # torchrun stopped its ranks on SIGTERM/SIGINT before this
+        print(f"error: stopped by {error.sigval.name}; every rank was stopped", file=sys.stderr, flush=True)
+        return 128 + int(error.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(torchrun_main(sys.argv[1:]))
