@@ -1,0 +1,186 @@
+"""`gptpipe train` on several processes under torchrun (CPU, Gloo, a tiny model on a synthetic stream).
+
+The reference is one process with batch 2b; data parallelism must reproduce its loss sequence with two
+ranks of batch b, whether both ranks run under one launcher or under two launchers of one node each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = 1e-5  # fp32: gradients averaged over ranks vs summed in one process differ in rounding only
+
+PARAMS = """
+iteration: 1
+model:
+  name: tiny
+  architecture: {{n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 300, dropout: 0.0}}
+  cpu: {{batch_size: 4, grad_accum_steps: 1, precision: fp32, workers: 0}}
+  gpu: {{batch_size: 4, grad_accum_steps: 1, precision: fp32, workers: 0}}
+tokenizer: {{vocab_size: 300}}
+runtime: {{device: cpu, precision: fp32}}
+full:
+  max_steps: {steps}
+  training_examples: 512
+  validation_examples: 32
+  log_every: 1
+  eval_every: {eval_every}
+  checkpoint_every: {checkpoint_every}
+  keep_last: 3
+  optimizer: {{learning_rate: {lr}, warmup_steps: 2}}
+"""
+
+
+def write_params(
+    folder: Path, steps: int, checkpoint_every: int, eval_every: int = 10, lr: float = 1e-2
+) -> Path:
+    path = folder / f"tiny-{steps}.yaml"
+    text = PARAMS.format(steps=steps, checkpoint_every=checkpoint_every, eval_every=eval_every, lr=lr)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def train_args(params: Path, checkpoints: Path, *extra: str) -> list[str]:
+    common = ["train", "--params", str(params), "--synthetic", "--no-track"]
+    return [*common, "--checkpoint-directory", str(checkpoints), *extra]
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def losses(lines: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["train_loss"] for r in lines if r["event"] == "step"}
+
+
+def in_process(args: list[str]) -> list[dict]:
+    """`gptpipe train` in this process: one rank, no torchrun."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(args) == 0
+    return records(out.getvalue())
+
+
+def environment() -> dict[str, str]:
+    # A dead peer must end a collective in seconds, not torch's 30 minutes.
+    return {**os.environ, "GPTPIPE_DIST_TIMEOUT": "20", "PYTHONPATH": str(ROOT)}
+
+
+def gptpipe(args: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "flows.cli", *args]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def assert_same_losses(got: dict[int, float], expected: dict[int, float]) -> None:
+    assert sorted(got) == sorted(expected)
+    worst = max(abs(got[s] - expected[s]) for s in expected)
+    assert worst <= TOLERANCE, f"loss sequences differ by {worst:.2e}"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ddp")
+
+
+@pytest.fixture(scope="module")
+def reference(folder) -> dict[int, float]:
+    """One process, batch 4: 20 steps."""
+    params = write_params(folder, steps=20, checkpoint_every=10)
+    return losses(in_process(train_args(params, folder / "reference", "--batch-size", "4")))
+
+
+def test_two_ranks_of_batch_b_train_like_one_process_of_batch_2b(folder, reference):
+    params = write_params(folder, steps=20, checkpoint_every=10)
+    run = gptpipe(train_args(params, folder / "two-ranks", "--nproc", "2", "--batch-size", "2"))
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 0, stderr[-2000:]
+    lines = records(stdout)
+    startups = [r for r in lines if r["event"] == "startup"]
+    assert len(startups) == 1, "rank 0 alone prints"
+    assert (startups[0]["world_size"], startups[0]["global_batch"]) == (2, 4)
+    assert_same_losses(losses(lines), reference)
+    assert (folder / "two-ranks" / "final.pt").is_file()
+
+
+def test_two_launchers_of_one_process_each_form_one_job(folder, reference):
+    params = write_params(folder, steps=20, checkpoint_every=10)
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [
+        gptpipe(
+            [
+                *train_args(params, folder / "two-nodes", "--batch-size", "2", "--nproc", "1"),
+                *("--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint),
+            ]
+        )
+        for rank in range(2)
+    ]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr[-2000:]
+    printed = [losses(records(stdout)) for stdout, _ in outputs]
+    assert sorted(map(len, printed)) == [0, 20], "exactly one node holds rank 0 and prints"
+    assert_same_losses(max(printed, key=len), reference)
+
+
+def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get("RANK") == str(rank) and "flows.cli" in child.cmdline():
+                return child
+    raise AssertionError(f"rank {rank} not found under the launcher")
+
+
+def test_a_killed_rank_ends_the_job_and_the_run_resumes_from_its_last_checkpoint(folder):
+    # a gentle learning rate: over 200 steps rank-count rounding then stays far below the tolerance
+    params = write_params(folder, steps=200, checkpoint_every=10, eval_every=1000, lr=1e-3)
+    checkpoints = folder / "killed"
+    run = gptpipe(train_args(params, checkpoints, "--nproc", "2", "--batch-size", "2"))
+    seen: list[dict] = []
+    for line in run.stdout:
+        if line.startswith("{"):
+            seen.append(json.loads(line))
+            if seen[-1]["event"] == "checkpoint":
+                break
+    tree = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
+    killed_at = time.monotonic()
+    rank_process(run, 1).send_signal(signal.SIGKILL)
+    rest, stderr = run.communicate(timeout=60)
+    seen += records(rest)
+    assert run.returncode != 0 and time.monotonic() - killed_at < 30
+    assert "failed first" in stderr, stderr[-2000:]
+    _, alive = psutil.wait_procs(tree, timeout=5)
+    assert not alive, f"processes left behind: {alive}"
+
+    # resumed on one process of batch 4 (same global batch) from the 2-rank checkpoint
+    resumed = in_process(train_args(params, checkpoints, "--batch-size", "4", "--resume"))
+    startup = next(r for r in resumed if r["event"] == "startup")
+    last_saved = max(r["step"] for r in seen if r["event"] == "checkpoint")
+    assert startup["start_step"] >= last_saved and startup["start_step"] % 10 == 0
+    uninterrupted = losses(in_process(train_args(params, folder / "uninterrupted", "--batch-size", "4")))
+    after = {s: v for s, v in uninterrupted.items() if s > startup["start_step"]}
+    assert_same_losses(losses(resumed), after)
+    killed_run = {r["step"]: r["train_loss"] for r in seen if r["event"] == "step"}
+    assert_same_losses(killed_run, {s: uninterrupted[s] for s in killed_run})
