@@ -10,6 +10,7 @@ Every file is written to a temporary name, fsynced, then renamed over the old on
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -24,6 +25,10 @@ from gptcore.fingerprint import sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+# Fault injection for the kill tests: seconds to sleep inside each checkpoint file write, after the
+# temporary file is written and before it is renamed, so a test can kill the process mid-write.
+WRITE_DELAY_ENV = "GPTPIPE_FAULT_CHECKPOINT_WRITE_DELAY"
+log = logging.getLogger(__name__)
 
 
 # --- RNG states in forms weights_only loading accepts ---------------------------------------------
@@ -79,6 +84,9 @@ def _atomic_write(target: Path, write: Any) -> None:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        delay = os.environ.get(WRITE_DELAY_ENV)
+        if delay:
+            time.sleep(float(delay))
         os.replace(temporary, target)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -153,18 +161,40 @@ def _prune(directory: Path, keep_last: int) -> None:
         (directory / f"{name}.json").unlink(missing_ok=True)
 
 
-def latest_checkpoint(directory: Path | None) -> Path | None:
-    """The checkpoint a resume continues from: the highest step among periodic and final ones."""
+def resume_candidates(directory: Path | None) -> list[Path]:
+    """Periodic and final checkpoints the manifest lists and that exist, newest (highest step) first."""
     if directory is None or not Path(directory).is_dir():
-        return None
+        return []
     entries = read_manifest(Path(directory))["checkpoints"].values()
-    candidates = sorted(
+    ranked = sorted(
         ((e["step"], e["kind"] == "final", e["file"]) for e in entries if e["kind"] in ("step", "final")),
         reverse=True,
     )
-    for _, _, file in candidates:
-        if (Path(directory) / file).is_file():
-            return Path(directory) / file
+    return [Path(directory) / file for _, _, file in ranked if (Path(directory) / file).is_file()]
+
+
+def latest_checkpoint(directory: Path | None) -> Path | None:
+    """The checkpoint a resume continues from: the highest step among periodic and final ones."""
+    candidates = resume_candidates(directory)
+    return candidates[0] if candidates else None
+
+
+def load_latest_valid(directory: Path | None) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    """(path, record, state) of the newest checkpoint whose content matches its recorded sha256. A
+    damaged one is named in a warning and the one before it (kept by `keep_last`) is used; None when
+    the directory holds no checkpoint; a CheckpointError when every one is damaged."""
+    damaged: list[str] = []
+    for path in resume_candidates(directory):
+        try:
+            record = checkpoint_metadata(path)
+            state = load_checkpoint(path)
+        except CheckpointError as error:
+            damaged.append(str(error))
+            log.warning("warning: %s; trying the checkpoint before it", error)
+            continue
+        return path, record, state
+    if damaged:
+        raise CheckpointError(f"{directory}: no intact checkpoint to resume from ({'; '.join(damaged)})")
     return None
 
 

@@ -136,6 +136,7 @@ class TrainingConfig(Strict):
     eval_every: int = Field(default=100, ge=1)
     checkpoint_every: int = Field(default=100, ge=1)
     keep_last: int = Field(default=2, ge=1)
+    max_skipped_steps: int = Field(default=25, ge=1, description="fp16: consecutive overflow skips that stop")
     seed: int = 1337
     optimizer: OptimizerConfig = OptimizerConfig()
 

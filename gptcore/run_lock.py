@@ -58,7 +58,9 @@ class RunLock:
             self.directory.mkdir(parents=True, exist_ok=True)
             handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 — held until release()
         except OSError as error:
-            raise CheckpointError(f"{self.path}: cannot create the run lock ({error.strerror or error})") from None
+            raise CheckpointError(
+                f"{self.path}: cannot create the run lock ({error.strerror or error})"
+            ) from None
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

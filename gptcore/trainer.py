@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import random
 import time
@@ -32,6 +33,7 @@ from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, g
 from gptcore.errors import CheckpointError, ConfigError, DataError, GptpipeError, TrainingError
 from gptcore.examples import BatchLoader, ExampleSet, StepPlan, epoch_order, open_examples, unigram_loss
 from gptcore.fingerprint import code_version, fingerprint
+from gptcore.guards import NonFiniteGuard
 from gptcore.measure import (
     FLOP_FORMULA,
     Throughput,
@@ -43,11 +45,13 @@ from gptcore.measure import (
     reset_peak_memory,
 )
 from gptcore.model import GPT, optimizer_groups
+from gptcore.run_lock import RunLock
 from gptcore.runtime import DefaultsSource, Runtime, apply_runtime, device_report, resolve_runtime
 from gptcore.schedule import WarmupCosine
 from gptcore.tokenfile import TokenStream
 
 TokenSource = Path | TokenStream
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,13 @@ class _Run:
         total = self.planned_steps or 1
         self.schedule = WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
         self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
+        self.guard = NonFiniteGuard(
+            self.runtime.precision,
+            self.scaler.is_enabled(),
+            self.training.max_skipped_steps,
+            immediate=self.runtime.device != "cuda",  # on CUDA read one step late, keeping the queue full
+            agree=all_reduce_sum,
+        )
         self.config = self._resume_config()
         self.fingerprint = fingerprint(self.config)
         self.step = 0
@@ -283,6 +294,9 @@ class _Run:
         estimate = estimate_memory(cfg, self.model.parameter_count(), runtime.batch_size, runtime.precision)
         self.flops_token = flops_per_token(cfg, self.model.matmul_parameter_count())
         self.peak, self.peak_source = peak_flops(runtime.device, runtime.precision, runtime.tf32_enabled)
+        if self.job.world_size > 1:  # tokens/s are the whole job's: divide by every rank's peak
+            self.peak *= self.job.world_size
+            self.peak_source = f"{self.peak_source} x {self.job.world_size} ranks"
         self.estimate = estimate
         per_epoch = self.plan.steps_per_epoch(self.train_set.count) if self.train_set else None
         return {
@@ -349,16 +363,19 @@ class _Run:
     # --- resume and checkpoints -------------------------------------------------------------------
 
     def restore(self) -> None:
-        path = ckpt.latest_checkpoint(self.job.checkpoint_directory)
-        if path is None:
-            return  # nothing to resume: the startup line shows start_step 0 and resumed_from null
-        stored = ckpt.checkpoint_metadata(path)
+        found = ckpt.load_latest_valid(self.job.checkpoint_directory)
+        if found is None:
+            log.warning(
+                "warning: --resume: no checkpoint in %s yet; starting from step 0",
+                self.job.checkpoint_directory,
+            )
+            return  # the startup line shows start_step 0 and resumed_from null
+        path, stored, state = found
         differences = ckpt.config_differences(stored.get("config", {}), self.config)
         if differences:
             raise CheckpointError(
                 f"--resume: {path} was written with a different configuration: " + "; ".join(differences)
             )
-        state = ckpt.load_checkpoint(path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:
@@ -407,6 +424,8 @@ class _Run:
         path, seconds = ckpt.save_checkpoint(Path(directory), name, state, record, keep)
         self.save_seconds += seconds
         self.saved["latest" if kind == "step" else kind] = str(path)
+        if kind != "best":
+            self.guard.last_checkpoint = str(path)
         self.events.on_checkpoint(path, {"step": self.step, "kind": kind, "seconds": seconds})
 
     # --- evaluation -------------------------------------------------------------------------------
@@ -489,31 +508,40 @@ class _Run:
         try:
             while self.step < self.planned_steps:
                 self.schedule.apply(self.optimizer, self.step)
-                loss_sum += accumulate_gradients(
+                step_loss = accumulate_gradients(
                     self.forward, batches, accum, self.runtime, self.scaler, self.ddp and self.ddp.no_sync
                 )
                 self.scaler.unscale_(self.optimizer)
                 logging = (self.step + 1) % t.log_every == 0 or self.step + 1 == self.planned_steps
-                grad_norm = (
-                    self._grad_norm(t.optimizer.grad_clip) if t.optimizer.grad_clip > 0 or logging else None
-                )
+                needs_norm = t.optimizer.grad_clip > 0 or logging or not self.guard.uses_grad_scaler
+                grad_norm = self._grad_norm(t.optimizer.grad_clip) if needs_norm else None
+                scale_before = self.scaler.get_scale() if self.guard.uses_grad_scaler else 0.0
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
-                interval += 1
                 meter.step_done()
-                if logging:
+                self.guard.observe(self.step, step_loss, grad_norm)
+                scale_after = self.scaler.get_scale() if self.guard.uses_grad_scaler else 0.0
+                if self.guard.scaler_step_taken(self.step, scale_before, scale_after):
+                    loss_sum += step_loss  # a step the fp16 scaler skipped has no loss worth averaging
+                    interval += 1
+                if logging and interval:
                     self._log(meter, loss_sum, interval, grad_norm)
                     loss_sum.zero_()
                     interval = 0
                 self._between_steps(meter)
+            self.guard.settle()
         finally:
             loader.close()
 
     def _between_steps(self, meter: Throughput) -> None:
         """Evaluation and periodic checkpoints, outside the throughput clock."""
         t, interrupted = self.training, False
+        if self.step < self.planned_steps and (
+            self.step % t.eval_every == 0 or self.step % t.checkpoint_every == 0
+        ):
+            self.guard.settle()  # never evaluate or checkpoint weights a non-finite step touched
         if self.step % t.eval_every == 0 and self.step < self.planned_steps:
             self.evaluate()
             interrupted = True
@@ -524,6 +552,14 @@ class _Run:
             meter.start()
 
     def execute(self) -> dict[str, Any]:
+        """The run, holding its checkpoint directory's lock (rank 0; a dry run writes nothing)."""
+        directory = self.job.checkpoint_directory
+        if directory is None or self.job.dry_run or self.job.rank != 0:
+            return self._execute()
+        with RunLock(directory):
+            return self._execute()
+
+    def _execute(self) -> dict[str, Any]:
         started = time.perf_counter()
         if self.job.resume and not self.job.dry_run:
             self.restore()

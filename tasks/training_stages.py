@@ -206,9 +206,15 @@ def full_task(
     planned = smoke.get("full_planned_steps") or params.full.max_steps or 1
     progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
     callbacks = [progress, *run_context.get("callbacks", [])]
-    summary = _train(
-        params, params.full, tokens, device, directory, callbacks, resume=resume_from is not None
-    )
+    from tasks.launched_training import launched_nproc, train_launched
+
+    nproc = launched_nproc(params)
+    if nproc > 1:  # torchrun ranks in subprocesses, their lines streamed and replayed into the callbacks
+        summary = train_launched(params, "full", tokens, directory, callbacks, resume_from is not None, nproc)
+    else:
+        summary = _train(
+            params, params.full, tokens, device, directory, callbacks, resume=resume_from is not None
+        )
     summary["start_step"] = progress.start_step
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]

@@ -1,0 +1,124 @@
+"""One checkpoint directory, one run: a second holder is refused by name; a dead holder's lock is taken."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gptcore.errors import CheckpointError
+from gptcore.run_lock import LOCK_NAME, RunLock, read_holder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from gptcore.run_lock import RunLock
+    lock = RunLock(sys.argv[1]).acquire()
+    print("held", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def _start_holder(directory: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_the_lock_records_pid_host_and_start_time_and_empties_on_release(tmp_path: Path) -> None:
+    with RunLock(tmp_path / "run") as lock:
+        holder = read_holder(tmp_path / "run")
+        assert lock.held
+        assert holder["pid"] == os.getpid()
+        assert holder["host"] and holder["started_at"]
+        assert abs(holder["started_unix"] - time.time()) < 60
+    assert not lock.held
+    assert read_holder(tmp_path / "run") == {}
+    with RunLock(tmp_path / "run"):  # released means a next run may take it, without a warning
+        pass
+
+
+def test_a_second_run_is_refused_with_the_holders_pid_and_start_time(tmp_path: Path) -> None:
+    holder = _start_holder(tmp_path)
+    try:
+        record = read_holder(tmp_path)
+        with pytest.raises(CheckpointError) as refused:
+            RunLock(tmp_path).acquire()
+        message = str(refused.value)
+        assert f"PID {holder.pid}" in message
+        assert record["started_at"] in message
+        assert "in use by another training run" in message and "\n" not in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = _start_holder(tmp_path)
+    os.kill(holder.pid, signal.SIGKILL)  # no chance to release: the record stays in the file
+    holder.wait()
+    assert read_holder(tmp_path)["pid"] == holder.pid
+    with caplog.at_level(logging.WARNING, logger="gptcore.run_lock"), RunLock(tmp_path) as lock:
+        assert lock.took_over is not None and lock.took_over["pid"] == holder.pid
+        assert read_holder(tmp_path)["pid"] == os.getpid()
+    warning = caplog.records[-1].getMessage()
+    assert f"taking over the run lock left by PID {holder.pid}" in warning
+
+
+def test_the_same_directory_cannot_be_locked_twice_even_in_one_process(tmp_path: Path) -> None:
+    with RunLock(tmp_path), pytest.raises(CheckpointError, match=f"PID {os.getpid()}"):
+        RunLock(tmp_path).acquire()
+
+
+def test_an_unreadable_record_still_refuses_while_held(tmp_path: Path) -> None:
+    with RunLock(tmp_path):
+        (tmp_path / LOCK_NAME).write_text("\x00garbage")
+        with pytest.raises(CheckpointError, match="unreadable lock record"):
+            RunLock(tmp_path).acquire()
+
+
+def test_a_directory_that_cannot_be_created_is_a_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match="cannot create the run lock"):
+        RunLock(blocker / "run").acquire()
+
+
+def test_training_holds_the_lock_and_a_second_trainer_on_the_directory_is_refused(tmp_path: Path) -> None:
+    from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
+    from gptcore.synthetic import synthetic_stream
+    from gptcore.trainer import TrainJob, train
+
+    job = TrainJob(
+        model=ModelConfig(n_layer=1, n_head=1, n_embd=16, block_size=8, vocab_size=300),
+        runtime=RuntimeConfig(device="cpu", precision="fp32", batch_size=4),
+        training=TrainingConfig(max_steps=2, log_every=1, checkpoint_every=1),
+        train_tokens=synthetic_stream(300, 9 * 16, seed=1),
+        checkpoint_directory=tmp_path,
+    )
+    holder = _start_holder(tmp_path)
+    try:
+        with pytest.raises(CheckpointError, match=f"PID {holder.pid}"):
+            train(job)
+        assert not list(tmp_path.glob("*.pt")), "a refused run wrote nothing"
+    finally:
+        holder.kill()
+        holder.wait()
+    train(job)  # the holder is gone: the lock is taken over and released at the end
+    assert read_holder(tmp_path) == {}
+    assert json.loads((tmp_path / "manifest.json").read_text())["checkpoints"]
