@@ -294,6 +294,9 @@ def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def iteration_file(iteration: int) -> Path:
     path = PARAMS_DIR / f"iteration_{iteration}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem.removeprefix("iteration_") for p in PARAMS_DIR.glob("iteration_*.yaml")))
-        raise ConfigError(f"--iteration {iteration}: no parameter file {path.name} (known iterations: {known})")
+        files = PARAMS_DIR.glob("iteration_*.yaml")
+        known = ", ".join(sorted(p.stem.removeprefix("iteration_") for p in files))
+        raise ConfigError(
+            f"--iteration {iteration}: no parameter file {path.name} (known iterations: {known})"
+        )
     return path

@@ -18,28 +18,18 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import datasets
 
 from gptcore.config import CorpusConfig
 from gptcore.errors import ConfigError, DataError
-from gptcore.fingerprint import fingerprint
+from gptcore.fingerprint import code_version_of, fingerprint
 
 BUILTIN_STDLIB = "builtin:python-stdlib"
 _STRUCTURED_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 _GLOB_CHARS = set("*?[")
 _HASH_BATCH = 4096
-
-
-def code_version_of(*modules: ModuleType) -> str:
-    """Hash of the given modules' source: a stage's cache key changes only when its own code does."""
-    digest = hashlib.sha256()
-    for module in modules:
-        digest.update(module.__name__.encode())
-        digest.update(Path(module.__file__ or "").read_bytes())
-    return digest.hexdigest()[:16]
 
 
 # --- the result -----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import hashlib
 import json
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 _CHUNK = 1 << 20
@@ -31,6 +32,15 @@ def canonical_json(value: Any) -> str:
 def fingerprint(*parts: Any, length: int = 16) -> str:
     """A short stable hash of JSON-serialisable parts (upstream fingerprints, settings, code version)."""
     return sha256_bytes(canonical_json(list(parts)).encode())[:length]
+
+
+def code_version_of(*modules: ModuleType) -> str:
+    """Hash of the given modules' source: a stage's cache key changes only when its own code does."""
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(module.__name__.encode())
+        digest.update(Path(module.__file__ or "").read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @cache

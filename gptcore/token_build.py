@@ -23,10 +23,10 @@ from typing import Any
 import datasets
 import numpy as np
 
-from gptcore.corpus import Corpus, code_version_of, iter_texts
+from gptcore.corpus import Corpus, iter_texts
 from gptcore.errors import ConfigError, DataError
 from gptcore.fast_encode import Encoder, HFEncoder, first_difference, make_encoder
-from gptcore.fingerprint import fingerprint
+from gptcore.fingerprint import code_version_of, fingerprint
 from gptcore.staging import publish_directory, staging_directory
 from gptcore.tokenfile import (
     FORMAT_VERSION,

@@ -126,4 +126,6 @@ def check_vocabulary(stream: TokenStream, vocab_size: int, chunk: int = 1 << 24)
     for start in range(0, len(stream), chunk):
         highest = max(highest, int(stream.tokens[start : start + chunk].max()))
     if highest >= vocab_size:
-        raise DataError(f"{stream.path}: token id {highest} is outside the model's vocabulary (< {vocab_size})")
+        raise DataError(
+            f"{stream.path}: token id {highest} is outside the model's vocabulary (< {vocab_size})"
+        )

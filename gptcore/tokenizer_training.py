@@ -18,9 +18,9 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gptcore.config import TokenizerConfig
-from gptcore.corpus import Corpus, code_version_of, iter_texts
+from gptcore.corpus import Corpus, iter_texts
 from gptcore.errors import ConfigError, DataError
-from gptcore.fingerprint import fingerprint, sha256_file
+from gptcore.fingerprint import code_version_of, fingerprint, sha256_file
 from gptcore.staging import publish_directory, staging_directory
 
 TOKENIZER_FILE = "tokenizer.json"

@@ -18,7 +18,7 @@ from prefect import task
 
 from gptcore.config import PipelineParams, TrainingConfig
 from gptcore.errors import TrainingError
-from gptcore.fingerprint import code_version, fingerprint, sha256_file
+from gptcore.fingerprint import code_version_of, fingerprint, sha256_file
 from tasks.caching import FILES_KEY, fingerprint_key
 from tasks.progress import PrefectProgress
 from tasks.smoke_gate import estimate_full_seconds, judge, memory_limit
@@ -49,6 +49,20 @@ def announce(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _training_code_version() -> str:
+    """The modules whose code decides what training produces; an edit elsewhere in gptcore (data stages,
+    tracking, the CLI) keeps finished training cached and a killed run resumable."""
+    import gptcore.distributed
+    import gptcore.examples
+    import gptcore.model
+    import gptcore.schedule
+    import gptcore.trainer
+
+    return code_version_of(
+        gptcore.model, gptcore.trainer, gptcore.examples, gptcore.schedule, gptcore.distributed
+    )
+
+
 def _training_fingerprint(
     stage: str, params: PipelineParams, settings: TrainingConfig, tokens: dict, device: dict
 ) -> str:
@@ -61,7 +75,7 @@ def _training_fingerprint(
         runtime,
         machine if stage == "smoke" else machine["device"],
         settings.model_dump(),
-        code_version(),
+        _training_code_version(),
     )
 
 
