@@ -102,6 +102,25 @@ def _token_sources(
     return train, validation_tokens or validation
 
 
+def preflight_inputs(
+    params: Any, train_tokens: Path | None, validation_tokens: Path | None, tokenizer: Path | None
+) -> None:
+    """Token files and tokenizer checked before the trainer loads, so a bad one is answered in a
+    moment: size and dtype against the manifest, ids and tokenizer against the model's vocabulary."""
+    from gptcore.tokenfile import check_tokenizer, check_vocabulary, open_tokens
+
+    vocab = params.model.architecture.vocab_size
+    streams = []
+    for path in (train_tokens, validation_tokens):
+        if path is None:
+            continue
+        stream = open_tokens(path)
+        check_vocabulary(stream, vocab)
+        streams.append(stream)
+    if tokenizer is not None:
+        check_tokenizer(tokenizer, vocab, tuple(streams))
+
+
 @app.command("train")
 def train_command(
     ctx: typer.Context,
@@ -167,6 +186,7 @@ def train_command(
         nproc=nproc_value(nproc),
     )
     params = load_params(path, [*set_, *parameter_overrides(stage, flags)])
+    preflight_inputs(params, train_tokens, validation_tokens, tokenizer)
     launch = dict(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
     spec = launch_spec(params, {**launch, "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id})
     if spec is not None:  # several processes: this one launches them and watches

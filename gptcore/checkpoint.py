@@ -107,6 +107,15 @@ def _read_json(path: Path) -> dict[str, Any]:
 # --- the directory --------------------------------------------------------------------------------
 
 
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Delete half-written temporaries a killed writer left (`.<name>.tmp-<pid>`). Call it only while
+    holding the directory's run lock: then no live writer owns any of them."""
+    stale = [p for p in Path(directory).glob(".*.tmp-*") if p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def step_name(step: int) -> str:
     return f"step-{step:08d}"
 

@@ -218,6 +218,8 @@ def _describe_error(source: str, error: ValidationError) -> str:
         return f"{source}: {key}: unknown key"
     if first["type"] == "missing":
         return f"{source}: {key}: missing required key"
+    if isinstance(first.get("input"), dict):  # a whole section: its message names the keys, not a dump
+        return f"{source}: {key}: {message}"
     return f"{source}: {key}: value {first.get('input')!r} is not allowed: {message}"
 
 

@@ -2,8 +2,11 @@
 
 MFU = achieved model FLOP/s / peak FLOP/s. Model FLOPs per token follow the PaLM appendix (as nanoGPT
 does): 6·N for the matmul weights (forward and backward) plus 12·L·T·d for attention scores and
-values, counted in full although causal kernels skip the masked half. The peak is the GPU's datasheet
-dense figure for the precision where the GPU is known, else a matmul measured in this process.
+values, counted in full although causal kernels skip the masked half. N counts the 2-D weights that
+multiply activations (the tied embedding once, as the output head; positions, biases and norms not).
+The peak is the GPU's datasheet dense figure for the precision where the GPU is known, else the best
+FLOP/s of matmuls measured in this process at its thread count: a 2048^3 square by default, the
+square plus the model's own GEMM shapes (`model_matmul_shapes`) in the CPU benchmark.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from gptcore.config import ModelConfig
 
-FLOP_FORMULA = "6*N_matmul + 12*n_layer*n_embd*block_size per token (fwd+bwd)"
+FLOP_FORMULA = "6*N_matmul + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT)"
 
 # Dense (no sparsity) tensor-core peaks in FLOP/s, from the vendors' datasheets (SXM parts).
 GPU_PEAKS: dict[str, dict[str, float]] = {
@@ -36,37 +39,74 @@ def mfu(tokens_per_second: float, flops_token: int, peak_flops: float) -> float:
     return tokens_per_second * flops_token / peak_flops if peak_flops > 0 else 0.0
 
 
-@cache
-def measured_matmul_peak(device: str, precision: str, size: int = 2048, seconds: float = 0.4) -> float:
-    """The best FLOP/s of a square matmul in this precision on this device, now, with this process's
-    thread count: the roof the model's matmuls can reach here."""
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+Shape = tuple[int, int, int]  # (m, k, n) of an (m, k) @ (k, n) matmul
+
+SQUARE: tuple[Shape, ...] = ((2048, 2048, 2048),)
+
+
+def model_matmul_shapes(config: ModelConfig, tokens: int) -> tuple[Shape, ...]:
+    """The forward GEMMs of a training step of `tokens` tokens (backward ones are their transposes):
+    output head, MLP up and down, QKV. With the square matmul they make the peak's candidate set, so
+    the roof is what this library reaches on the shapes the model actually runs, not on one shape
+    that may be unusually fast or slow here."""
+    d = config.n_embd
+    return (
+        (tokens, d, config.vocab_size),
+        (tokens, d, 4 * d),
+        (tokens, 4 * d, d),
+        (tokens, d, 3 * d),
+    )
+
+
+def _dtype(device: str, precision: str) -> torch.dtype:
     if device == "cpu" and precision == "fp16":
-        dtype = torch.bfloat16  # fp16 autocast on CPU runs its matmuls no faster than bf16's roof
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+        return torch.bfloat16  # fp16 autocast on CPU runs its matmuls no faster than bf16's roof
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def matmul_flops(device: str, precision: str, shape: Shape, seconds: float = 0.2, repeats: int = 3) -> float:
+    """The best FLOP/s of (m, k) @ (k, n) matmuls timed for about `seconds`, at least `repeats` times,
+    after one untimed warm-up. The best, since a shared machine only ever slows a matmul down."""
+    m, k, n = shape
+    dtype = _dtype(device, precision)
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    torch.mm(a, b)
     best = float("inf")
     deadline = time.perf_counter() + seconds
-    for attempt in range(50):
+    attempt = 0
+    while attempt < repeats or time.perf_counter() < deadline:
         _synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
         _synchronize(device)
         best = min(best, time.perf_counter() - start)
-        if attempt >= 2 and time.perf_counter() > deadline:
-            break
-    return 2 * size**3 / best
+        attempt += 1
+    return 2 * m * k * n / best
 
 
-def peak_flops(device: str, precision: str, tf32: bool) -> tuple[float, str]:
-    """(peak FLOP/s, where it comes from)."""
+@cache
+def measured_matmul_peak(
+    device: str, precision: str, shapes: tuple[Shape, ...] = SQUARE, seconds: float = 0.4
+) -> float:
+    """The best FLOP/s over `shapes` (each timed for about `seconds`) in this precision on this
+    device, now, with this process's thread count: the roof the model's matmuls can reach here."""
+    return max(matmul_flops(device, precision, shape, seconds) for shape in shapes)
+
+
+def peak_flops(
+    device: str, precision: str, tf32: bool, shapes: tuple[Shape, ...] = SQUARE, seconds: float = 0.4
+) -> tuple[float, str]:
+    """(peak FLOP/s, where it comes from): the datasheet on known GPUs, else the best measured over
+    `shapes` (the trainer passes the model's own, `model_matmul_shapes`: the roof its matmuls reach)."""
     if device == "cuda":
         name = torch.cuda.get_device_name()
         key = precision if precision != "fp32" else ("tf32" if tf32 else "")
         for family, peaks in GPU_PEAKS.items():
             if family in name and key in peaks:
                 return peaks[key], f"{family} datasheet dense {key}"
-    return measured_matmul_peak(device, precision), f"measured {precision} matmul on {device}"
+    peak = measured_matmul_peak(device, precision, shapes, seconds)
+    return peak, f"measured {precision} matmul on {device}, best of {len(shapes)} shapes"
 
 
 def _synchronize(device: str) -> None:

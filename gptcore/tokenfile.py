@@ -129,3 +129,31 @@ def check_vocabulary(stream: TokenStream, vocab_size: int, chunk: int = 1 << 24)
         raise DataError(
             f"{stream.path}: token id {highest} is outside the model's vocabulary (< {vocab_size})"
         )
+
+
+def check_tokenizer(
+    tokenizer_path: str | Path, vocab_size: int, streams: tuple[TokenStream, ...] = ()
+) -> int:
+    """Refuse a tokenizer whose vocabulary exceeds the model's, or that is not the one the token files'
+    manifests were made with (by content sha256). Returns the tokenizer's vocabulary size."""
+    from tokenizers import Tokenizer
+
+    from gptcore.fingerprint import sha256_file
+
+    path = Path(tokenizer_path)
+    if not path.is_file():
+        raise DataError(f"{path}: tokenizer file not found")
+    try:
+        size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+    except Exception:  # the Rust loader raises a bare Exception for any malformed file
+        raise DataError(f"{path}: not a loadable tokenizer.json (malformed or not a tokenizer)") from None
+    if size > vocab_size:
+        raise DataError(f"{path}: tokenizer vocabulary {size} exceeds the model's vocab_size {vocab_size}")
+    digest = sha256_file(path)
+    for stream in streams:
+        if stream.manifest and stream.manifest.tokenizer_sha256 not in ("", digest):
+            raise DataError(
+                f"{stream.path}: made with tokenizer sha256 {stream.manifest.tokenizer_sha256[:12]}..., "
+                f"not {path} ({digest[:12]}...)"
+            )
+    return size

@@ -40,6 +40,7 @@ from gptcore.measure import (
     estimate_memory,
     flops_per_token,
     mfu,
+    model_matmul_shapes,
     peak_flops,
     peak_memory_bytes,
     reset_peak_memory,
@@ -293,7 +294,10 @@ class _Run:
         report = device_report(runtime.device)
         estimate = estimate_memory(cfg, self.model.parameter_count(), runtime.batch_size, runtime.precision)
         self.flops_token = flops_per_token(cfg, self.model.matmul_parameter_count())
-        self.peak, self.peak_source = peak_flops(runtime.device, runtime.precision, runtime.tf32_enabled)
+        shapes = model_matmul_shapes(cfg, runtime.batch_size * cfg.block_size)
+        self.peak, self.peak_source = peak_flops(
+            runtime.device, runtime.precision, runtime.tf32_enabled, shapes, seconds=0.1
+        )
         if self.job.world_size > 1:  # tokens/s are the whole job's: divide by every rank's peak
             self.peak *= self.job.world_size
             self.peak_source = f"{self.peak_source} x {self.job.world_size} ranks"
@@ -557,6 +561,7 @@ class _Run:
         if directory is None or self.job.dry_run or self.job.rank != 0:
             return self._execute()
         with RunLock(directory):
+            ckpt.remove_stale_temporaries(directory)  # a killed run's half-written files
             return self._execute()
 
     def _execute(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ class PrefectProgress(TrainingCallback):
     def on_step(self, metrics: dict[str, Any]) -> None:
         if "train_loss" in metrics:
             self.losses.append(float(metrics["train_loss"]))
+            self._log_line(metrics)
         now = time.monotonic()
         if now - self._last_update >= self.min_interval:
             self._last_update = now
@@ -44,6 +45,18 @@ class PrefectProgress(TrainingCallback):
 
     def on_end(self, summary: dict[str, Any]) -> None:
         self._call(self._update, 100.0)
+
+    def _log_line(self, metrics: dict[str, Any]) -> None:
+        """One line per log interval in the run's log, so a long training shows it is alive."""
+        step = int(metrics.get("step", 0))
+        _run_logger().info(
+            "%s: step %d/%d, train_loss %.4f, %.0f tokens/s",
+            self.key,
+            step,
+            self.planned_steps,
+            float(metrics["train_loss"]),
+            float(metrics.get("tokens_per_second") or 0.0),
+        )
 
     def _create(self, progress: float) -> None:
         from prefect.artifacts import create_progress_artifact
@@ -63,3 +76,13 @@ class PrefectProgress(TrainingCallback):
             action(progress)
         except Exception as error:  # an unreachable API must not cost a training run
             log.warning("progress artifact %s not updated: %s", self.key, error)
+
+
+def _run_logger() -> logging.Logger | logging.LoggerAdapter:
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log

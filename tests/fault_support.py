@@ -8,6 +8,7 @@ with an uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -55,7 +56,6 @@ class Attempt:
 class KillReport:
     attempts: list[Attempt] = field(default_factory=list)
     identical: bool = False
-    reference_seconds: float = 0.0
 
     @property
     def kills(self) -> list[Attempt]:
@@ -92,6 +92,7 @@ def train_command(params: Path, checkpoints: Path) -> list[str]:
         "--checkpoint-directory",
         str(checkpoints),
         "--resume",
+        "--no-track",
         "--max-steps",
         str(MAX_STEPS),
         "--checkpoint-every",
@@ -115,10 +116,8 @@ def _events(text: str) -> list[dict[str, Any]]:
     events = []
     for line in text.splitlines():
         if line.startswith("{"):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by the kill
                 events.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line cut by the kill
     return events
 
 
@@ -126,8 +125,9 @@ def _last_step(events: list[dict[str, Any]]) -> int:
     return max((e["step"] for e in events if e.get("event") == "step"), default=0)
 
 
-def _writing(checkpoints: Path) -> bool:
-    return checkpoints.is_dir() and any(p.name.startswith(".") and ".tmp-" in p.name for p in checkpoints.iterdir())
+def _writing(checkpoints: Path, pid: int) -> bool:
+    """Whether process `pid` has a checkpoint file half written (its temporary names carry its PID)."""
+    return checkpoints.is_dir() and any(p.name.endswith(f".tmp-{pid}") for p in checkpoints.iterdir())
 
 
 def run_once(
@@ -148,7 +148,7 @@ def run_once(
         deadline = time.monotonic() + timeout
         while process.poll() is None and time.monotonic() < deadline:
             due = (kind == "step" and _last_step(_events(log.read_text())) >= (target or 0)) or (
-                kind == "write" and _writing(checkpoints)
+                kind == "write" and _writing(checkpoints, process.pid)
             )
             if due:
                 os.kill(process.pid, signal.SIGKILL)
@@ -158,7 +158,7 @@ def run_once(
             process.kill()
         _, stderr = process.communicate()
     events = _events(log.read_text())
-    start = next((e["start_step"] for e in events if e.get("event") == "startup"), 0)
+    start = next((e["start_step"] for e in events if e.get("event") == "startup"), -1)  # -1: none
     return Attempt(kind, start, _last_step(events), process.returncode, stderr, target)
 
 
@@ -173,24 +173,37 @@ def kill_and_resume(workdir: Path, seed: int = 0, kills: int = 5) -> KillReport:
     import torch
 
     rng = random.Random(seed)
+    workdir.mkdir(parents=True, exist_ok=True)
     params = write_params(workdir)
     report = KillReport()
-    started = time.perf_counter()
-    reference = run_once(params, workdir / "reference", workdir / "reference.log", "finish")
-    report.reference_seconds = time.perf_counter() - started
-    if reference.returncode != 0:
-        raise RuntimeError(f"the reference run failed: {reference.stderr.strip()}")
+    # The uninterrupted reference runs beside the killed ones (it shares nothing with them).
+    with open(workdir / "reference.log", "w") as out:
+        reference = subprocess.Popen(
+            train_command(params, workdir / "reference"),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_environment(None),
+        )
     # Kinds in a seeded order, at least two of them inside a checkpoint write.
     kinds = ["write", "write"] + ["step"] * (kills - 2)
     rng.shuffle(kinds)
     checkpoints, progress = workdir / "killed", 0
     for index, kind in enumerate(kinds):
         remaining = MAX_STEPS - progress
-        target = progress + rng.randint(1, max(1, remaining // (len(kinds) - index + 1))) if kind == "step" else None
+        target = (
+            progress + rng.randint(1, max(1, remaining // (len(kinds) - index + 1)))
+            if kind == "step"
+            else None
+        )
         attempt = run_once(params, checkpoints, workdir / f"kill-{index}.log", kind, target)
         report.attempts.append(attempt)
         progress = attempt.last_step
     report.attempts.append(run_once(params, checkpoints, workdir / "finish.log", "finish"))
+    _, stderr = reference.communicate(timeout=120)
+    if reference.returncode != 0:
+        raise RuntimeError(f"the reference run failed: {stderr.strip()}")
     if report.attempts[-1].returncode == 0:
         ours, theirs = final_weights(checkpoints), final_weights(workdir / "reference")
         report.identical = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

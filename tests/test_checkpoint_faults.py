@@ -100,7 +100,9 @@ def test_a_full_disk_keeps_the_previous_checkpoint_intact_and_loadable(
     with pytest.raises(CheckpointError) as failed:
         train(job(tmp_path, resume=True), events)
     message = str(failed.value)
-    assert message.endswith("checkpoint write failed (No space left on device); the previous checkpoint is kept")
+    assert message.endswith(
+        "checkpoint write failed (No space left on device); the previous checkpoint is kept"
+    )
     assert "step-00000006.pt" in message and "\n" not in message
     assert events.failures == [message]
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "no temporary or half file left"
@@ -119,7 +121,9 @@ def test_a_write_refused_by_permissions_fails_clearly_and_lists_nothing_new(
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target))
 
     monkeypatch.setattr(ckpt.os, "replace", refused)
-    with pytest.raises(CheckpointError, match=r"step-00000002.pt: checkpoint write failed \(Permission denied\)"):
+    with pytest.raises(
+        CheckpointError, match=r"step-00000002.pt: checkpoint write failed \(Permission denied\)"
+    ):
         ckpt.save_checkpoint(tmp_path, "step-00000002", {"step": 2}, {"kind": "step", "step": 2})
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -177,6 +181,16 @@ def test_resume_with_no_checkpoint_yet_starts_at_step_zero_and_says_so(
         train(job(tmp_path / "fresh", resume=True, max_steps=2), events)
     assert events.start["start_step"] == 0 and events.start["resumed_from"] is None
     assert any(
-        r.getMessage() == f"warning: --resume: no checkpoint in {tmp_path / 'fresh'} yet; starting from step 0"
+        r.getMessage()
+        == f"warning: --resume: no checkpoint in {tmp_path / 'fresh'} yet; starting from step 0"
         for r in caplog.records
     )
+
+
+def test_a_run_clears_the_half_written_files_a_killed_writer_left(tmp_path: Path) -> None:
+    interrupted_run(tmp_path, stop_at=3)
+    stale = tmp_path / ".step-00000004.pt.tmp-999999"
+    stale.write_bytes(b"half a checkpoint")
+    train(job(tmp_path, resume=True))
+    assert not stale.exists()
+    assert ckpt.latest_checkpoint(tmp_path).name == "final.pt"

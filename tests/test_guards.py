@@ -66,7 +66,11 @@ def poison_steps(monkeypatch: pytest.MonkeyPatch, steps: set[int], value: float)
 
 def job(tmp_path: Path, precision: str = "fp32", **training: Any) -> TrainJob:
     settings = dict(
-        max_steps=10, log_every=3, eval_every=100, checkpoint_every=2, optimizer=OptimizerConfig(warmup_steps=1)
+        max_steps=10,
+        log_every=3,
+        eval_every=100,
+        checkpoint_every=2,
+        optimizer=OptimizerConfig(warmup_steps=1),
     )
     settings.update(training)
     return TrainJob(

@@ -1,0 +1,1 @@
+"""Bad input through the real `gptpipe` command line: one clear line, a non-zero exit, nothing written."""

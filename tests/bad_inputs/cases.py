@@ -1,0 +1,365 @@
+"""The bad-input cases, one table per kind: parameter files, command-line flags, token files and
+tokenizers. Parameter files go through `gptpipe run` and `gptpipe train --dry-run`, which validate
+everything before any stage or model starts."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from gptcore.tokenfile import TokenFileManifest, manifest_path
+
+from .support import ROOT, Case
+
+ITERATION_1: dict[str, Any] = yaml.safe_load((ROOT / "params" / "iteration_1.yaml").read_text())
+TINY_VOCAB = 300
+TINY: dict[str, Any] = {
+    "iteration": 1,
+    "model": {
+        "name": "tiny",
+        "architecture": {"n_layer": 1, "n_head": 1, "n_embd": 16, "block_size": 8, "vocab_size": TINY_VOCAB},
+        "cpu": {"batch_size": 2},
+        "gpu": {"batch_size": 2},
+    },
+    "tokenizer": {"vocab_size": TINY_VOCAB},
+}
+
+
+def changed(path: str, value: Any, base: dict[str, Any] = ITERATION_1) -> str:
+    """Iteration 1's parameters with `a.b.c` set to value (or removed when value is ...), as YAML."""
+    data = copy.deepcopy(base)
+    *sections, key = path.split(".")
+    node = data
+    for section in sections:
+        node = node.setdefault(section, {})
+    if value is ...:
+        del node[key]
+    else:
+        node[key] = value
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def truncated(base: dict[str, Any] = ITERATION_1) -> str:
+    """A parameter file whose write was cut off in the middle of a flow mapping."""
+    text = yaml.safe_dump(base, default_flow_style=True)
+    return text[: int(len(text) * 0.6)]
+
+
+def run(params: str) -> list[str]:
+    return ["run", "--params", params]
+
+
+def dry(params: str, *more: str) -> list[str]:
+    return ["train", "--params", params, "--device", "cpu", "--dry-run", "--no-track", *more]
+
+
+PARAM_FILE_CASES = [
+    Case(
+        "unknown-top-level-key", run("p.yaml"), "p.yaml: bogus: unknown key", {"p.yaml": changed("bogus", 1)}
+    ),
+    Case(
+        "unknown-nested-key",
+        run("p.yaml"),
+        "p.yaml: full.max_stepz: unknown key",
+        {"p.yaml": changed("full.max_stepz", 10)},
+    ),
+    Case(
+        "string-for-an-integer",
+        run("p.yaml"),
+        "p.yaml: full.max_steps: value 'ten' is not allowed",
+        {"p.yaml": changed("full.max_steps", "ten")},
+    ),
+    Case(
+        "string-for-a-boolean",
+        run("p.yaml"),
+        "p.yaml: runtime.compile: value 'yes please' is not allowed",
+        {"p.yaml": changed("runtime.compile", "yes please")},
+    ),
+    Case(
+        "list-for-a-section",
+        run("p.yaml"),
+        "p.yaml: smoke: value [1, 2] is not allowed",
+        {"p.yaml": changed("smoke", [1, 2])},
+    ),
+    Case(
+        "zero-steps",
+        run("p.yaml"),
+        "p.yaml: full.max_steps: value 0 is not allowed: Input should be greater than or equal to 1",
+        {"p.yaml": changed("full.max_steps", 0)},
+    ),
+    Case(
+        "fraction-above-one",
+        run("p.yaml"),
+        "p.yaml: corpus.validation_fraction: value 1.5 is not allowed: Input should be less than 1",
+        {"p.yaml": changed("corpus.validation_fraction", 1.5)},
+    ),
+    Case(
+        "negative-learning-rate",
+        run("p.yaml"),
+        "p.yaml: full.optimizer.learning_rate: value -0.001 is not allowed: Input should be greater than 0",
+        {"p.yaml": changed("full.optimizer.learning_rate", -1e-3)},
+    ),
+    Case(
+        "unknown-device",
+        run("p.yaml"),
+        "p.yaml: runtime.device: value 'tpu' is not allowed: Input should be 'auto', 'cpu' or 'cuda'",
+        {"p.yaml": changed("runtime.device", "tpu")},
+    ),
+    Case(
+        "missing-required-key",
+        run("p.yaml"),
+        "p.yaml: iteration: missing required key",
+        {"p.yaml": changed("iteration", ...)},
+    ),
+    Case(
+        "unknown-model-profile",
+        run("p.yaml"),
+        "model profile 'gpt_9000' not found (known profiles: gpt_100m, gpt_42m, gpt_first_cpu)",
+        {"p.yaml": changed("model", "gpt_9000")},
+    ),
+    Case(
+        "tokenizer-larger-than-model",
+        run("p.yaml"),
+        "p.yaml: (top level): tokenizer.vocab_size 9000 exceeds the model's vocabulary 8192",
+        {"p.yaml": changed("tokenizer.vocab_size", 9000)},
+    ),
+    Case(
+        "heads-do-not-divide-width",
+        dry("p.yaml"),
+        "p.yaml (with --set): model.architecture: n_embd 16 must be a multiple of n_head 3",
+        {"p.yaml": changed("model.architecture.n_head", 3, TINY)},
+    ),
+    Case("truncated-yaml", run("p.yaml"), "p.yaml: invalid YAML at line", {"p.yaml": truncated()}),
+    Case(
+        "tab-indented-yaml",
+        run("p.yaml"),
+        "p.yaml: invalid YAML at line 2",
+        {"p.yaml": "full:\n\tmax_steps: 3\n"},
+    ),
+    Case("empty-file", run("p.yaml"), "p.yaml: the parameter file is empty", {"p.yaml": ""}),
+    Case("only-comments", dry("p.yaml"), "p.yaml: the parameter file is empty", {"p.yaml": "# nothing\n"}),
+    Case(
+        "binary-junk",
+        run("p.yaml"),
+        "p.yaml: not a text file (it is not valid UTF-8)",
+        {"p.yaml": bytes(range(128, 256)) * 8},
+    ),
+    Case(
+        "a-list-not-a-mapping",
+        run("p.yaml"),
+        "p.yaml: the parameter file must be a mapping of keys, found list",
+        {"p.yaml": "- iteration\n- 1\n"},
+    ),
+    Case("missing-file", run("nowhere.yaml"), "nowhere.yaml: parameter file not found"),
+    Case(
+        "python-object-tag",
+        run("p.yaml"),
+        "p.yaml: invalid YAML at line 1, column 12: could not determine a constructor for the tag",
+        {"p.yaml": 'iteration: !!python/object/apply:os.system ["touch pwned"]\n'},
+    ),
+    Case(
+        "local-corpus-without-paths",
+        run("p.yaml"),
+        "p.yaml: corpus: source 'local' needs corpus.paths",
+        {"p.yaml": changed("corpus.source", "local")},
+    ),
+]
+
+FLAG_CASES = [
+    Case(
+        "set-wrong-type",
+        ["run", "--set", "full.max_steps=abc"],
+        "(with --set): full.max_steps: value 'abc' is not allowed",
+    ),
+    Case(
+        "set-without-equals",
+        ["run", "--set", "full.max_steps"],
+        "--set 'full.max_steps': expected key.path=value",
+    ),
+    Case(
+        "set-into-a-value",
+        ["run", "--set", "iteration.deeper=1"],
+        "--set 'iteration.deeper=1': iteration is a value, not a section",
+    ),
+    Case("set-unknown-key", ["run", "--set", "full.turbo=true"], "(with --set): full.turbo: unknown key"),
+    Case(
+        "unknown-stage",
+        ["run", "--until", "banana"],
+        "--until 'banana' is not allowed: expected one of tokenizer",
+    ),
+    Case(
+        "params-and-iteration", ["run", "--iteration", "1", "--params", "x.yaml"], "--params and --iteration"
+    ),
+    Case(
+        "unknown-iteration",
+        ["train", "--iteration", "9", "--dry-run"],
+        "--iteration 9: no parameter file iteration_9.yaml (known iterations: 1, 2, 3)",
+    ),
+    Case(
+        "unknown-device-flag",
+        ["train", "--device", "tpu", "--dry-run"],
+        "--device 'tpu': expected one of auto, cpu, cuda",
+    ),
+    Case(
+        "unknown-precision",
+        ["train", "--precision", "fp8", "--dry-run"],
+        "--precision 'fp8': expected one of",
+    ),
+    Case(
+        "unknown-training-stage",
+        ["train", "--stage", "medium", "--dry-run"],
+        "--stage 'medium': expected one of",
+    ),
+    Case(
+        "zero-batch-size",
+        ["train", "--batch-size", "0"],
+        "Invalid value for '--batch-size': Input should be greater than or equal to 1",
+    ),
+    Case(
+        "word-for-a-number",
+        ["train", "--max-steps", "many"],
+        "Invalid value for '--max-steps': Input should be a valid integer",
+    ),
+    Case("unknown-flag", ["train", "--turbo"], "No such option: --turbo"),
+    Case("unknown-command", ["trian"], "No such command 'trian'"),
+    Case("flag-without-value", ["train", "--params"], "Option '--params' requires an argument"),
+]
+
+
+# --- token files and tokenizers -------------------------------------------------------------------
+
+
+def tokens(ids: list[int] | np.ndarray, dtype: str = "uint16", manifest: dict[str, Any] | None = None) -> Any:
+    """A maker of a token stream, with a manifest beside it when given (fields over sound defaults)."""
+    array = np.asarray(ids, dtype=dtype)
+
+    def make(path: Path) -> None:
+        array.tofile(path)
+        if manifest is not None:
+            fields = dict(
+                dtype=dtype,
+                token_count=len(array),
+                document_count=1,
+                vocab_size=TINY_VOCAB,
+                tokenizer_sha256="",
+                corpus_fingerprint="test",
+                split="train",
+                sha256="",
+            )
+            fields.update(manifest)
+            manifest_path(path).write_text(TokenFileManifest(**fields).to_json())
+
+    return make
+
+
+def tokenizer(size: int) -> Any:
+    def make(path: Path) -> None:
+        from tokenizers import Tokenizer, models
+
+        vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, size)}}
+        Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]")).save(str(path))
+
+    return make
+
+
+GOOD_IDS = np.arange(9 * 8) % TINY_VOCAB
+
+
+def uint16_stream_claiming_uint32(path: Path) -> None:
+    """73 uint16 ids (146 bytes) under a manifest that says uint32: the byte count gives it away."""
+    tokens([*GOOD_IDS, 1], manifest={"dtype": "uint32", "token_count": 73})(path)
+    np.asarray([*GOOD_IDS, 1], dtype="uint16").tofile(path)
+
+
+TINY_YAML = yaml.safe_dump(TINY)
+
+
+def train_on(train: str, *more: str) -> list[str]:
+    return dry("tiny.yaml", "--train-tokens", train, *more)
+
+
+TOKEN_CASES = [
+    Case(
+        "missing-token-file",
+        train_on("absent.bin"),
+        "absent.bin: token file not found",
+        {"tiny.yaml": TINY_YAML},
+    ),
+    Case(
+        "odd-byte-count",
+        train_on("odd.bin"),
+        "odd.bin: 145 bytes is not a whole number of uint16 tokens",
+        {"tiny.yaml": TINY_YAML, "odd.bin": b"\x01\x00" * 72 + b"\x01"},
+    ),
+    Case(
+        "empty-token-file",
+        train_on("empty.bin"),
+        "empty.bin: token file is empty",
+        {"tiny.yaml": TINY_YAML, "empty.bin": b""},
+    ),
+    Case(
+        "count-disagrees-with-manifest",
+        train_on("short.bin"),
+        "short.bin: holds 72 uint16 tokens but its manifest says 100",
+        {"tiny.yaml": TINY_YAML, "short.bin": tokens(GOOD_IDS, manifest={"token_count": 100})},
+    ),
+    Case(
+        "dtype-disagrees-with-manifest",
+        train_on("wide.bin"),
+        "wide.bin: 146 bytes is not a whole number of uint32 tokens",
+        {"tiny.yaml": TINY_YAML, "wide.bin": uint16_stream_claiming_uint32},
+    ),
+    Case(
+        "unreadable-manifest",
+        train_on("junk.bin"),
+        "junk.bin.manifest.json: unreadable token-file manifest",
+        {"tiny.yaml": TINY_YAML, "junk.bin": tokens(GOOD_IDS), "junk.bin.manifest.json": "{not json"},
+    ),
+    Case(
+        "manifest-vocabulary-beyond-the-model",
+        train_on("big.bin"),
+        "big.bin: tokenizer vocabulary 8192 exceeds the model's vocab_size 300",
+        {"tiny.yaml": TINY_YAML, "big.bin": tokens(GOOD_IDS, manifest={"vocab_size": 8192})},
+    ),
+    Case(
+        "ids-beyond-the-vocabulary",
+        train_on("far.bin"),
+        "far.bin: token id 5000 is outside the model's vocabulary (< 300)",
+        {"tiny.yaml": TINY_YAML, "far.bin": tokens([*GOOD_IDS[:-1], 5000])},
+    ),
+    Case(
+        "corrupted-pt-file",
+        train_on("bad.pt"),
+        "bad.pt: not a loadable .pt tensor file",
+        {"tiny.yaml": TINY_YAML, "bad.pt": b"PK\x03\x04 not really a zip archive"},
+    ),
+    Case(
+        "tokenizer-larger-than-the-model",
+        train_on("ok.bin", "--tokenizer", "tokenizer.json"),
+        "tokenizer.json: tokenizer vocabulary 400 exceeds the model's vocab_size 300",
+        {"tiny.yaml": TINY_YAML, "ok.bin": tokens(GOOD_IDS), "tokenizer.json": tokenizer(400)},
+    ),
+    Case(
+        "tokenizer-other-than-the-tokens-were-made-with",
+        train_on("ok.bin", "--tokenizer", "tokenizer.json"),
+        "ok.bin: made with tokenizer sha256 abababababab..., not tokenizer.json",
+        {
+            "tiny.yaml": TINY_YAML,
+            "ok.bin": tokens(GOOD_IDS, manifest={"tokenizer_sha256": "ab" * 32}),
+            "tokenizer.json": tokenizer(200),
+        },
+    ),
+    Case(
+        "tokenizer-not-json",
+        train_on("ok.bin", "--tokenizer", "tokenizer.json"),
+        "tokenizer.json: not a loadable tokenizer.json",
+        {"tiny.yaml": TINY_YAML, "ok.bin": tokens(GOOD_IDS), "tokenizer.json": json.dumps({"vocab": [1, 2]})},
+    ),
+]
+
+ALL_CASES = PARAM_FILE_CASES + FLAG_CASES + TOKEN_CASES

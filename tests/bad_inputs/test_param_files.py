@@ -1,0 +1,13 @@
+"""Malformed parameter files: each refused with one line naming what and where, and nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+from .cases import PARAM_FILE_CASES
+from .support import Case, Outcome, assert_rejected_cleanly
+
+
+@pytest.mark.parametrize("case", PARAM_FILE_CASES, ids=lambda case: case.id)
+def test_rejected_cleanly(case: Case, outcomes: dict[str, Outcome]) -> None:
+    assert_rejected_cleanly(case, outcomes[case.id])
