@@ -107,7 +107,18 @@ def resolve_precision(
 
 @cache
 def fused_adamw_supported(device: str) -> bool:
-    """Whether the installed build runs fused AdamW on this device: tried with one real step."""
+    """Whether the installed build has fused AdamW kernels for this device. Asks torch's own table of
+    fused-kernel devices (the one AdamW checks) rather than running a step, which would import the
+    compiler stack (over a second) in every command; on builds without that table, tries one step."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return device in _get_fused_kernels_supported_devices()
+    except ImportError:
+        return _fused_adamw_step_runs(device)
+
+
+def _fused_adamw_step_runs(device: str) -> bool:
     try:
         parameter = torch.zeros(4, device=device, requires_grad=True)
         parameter.grad = torch.ones_like(parameter)

@@ -42,14 +42,6 @@ class StopAt(TrainingCallback):
         self.failures.append(reason)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def job(directory: Path, resume: bool = False, **training: Any) -> TrainJob:
     settings = dict(
         max_steps=10,

@@ -38,14 +38,6 @@ class Recorder(TrainingCallback):
         self.failures.append(reason)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def poison_steps(monkeypatch: pytest.MonkeyPatch, steps: set[int], value: float) -> None:
     """Make the gradients (and the loss) of the given 1-based optimizer steps `value` (nan or inf)."""
     original = trainer_module.accumulate_gradients

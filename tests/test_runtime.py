@@ -80,16 +80,24 @@ def test_auto_precision_on_a_gpu_without_bf16_takes_fp16_and_says_so(monkeypatch
 
 
 def test_fused_adamw_is_reported_as_found_not_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
-    rt.fused_adamw_supported.cache_clear()
+    import torch.utils._foreach_utils as foreach_utils
 
+    rt.fused_adamw_supported.cache_clear()
+    monkeypatch.setattr(foreach_utils, "_get_fused_kernels_supported_devices", lambda: ["cuda"])
+    try:
+        assert rt.fused_adamw_supported("cpu") is False
+        assert rt.fused_adamw_supported("cuda") is True
+    finally:
+        rt.fused_adamw_supported.cache_clear()
+
+
+def test_without_torchs_device_table_one_real_fused_step_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise RuntimeError("fused=True requires CUDA")
 
+    assert rt._fused_adamw_step_runs("cpu") is True  # torch 2.13 runs fused AdamW on the CPU
     monkeypatch.setattr(torch.optim, "AdamW", refuse)
-    try:
-        assert rt.fused_adamw_supported("cpu") is False
-    finally:
-        rt.fused_adamw_supported.cache_clear()
+    assert rt._fused_adamw_step_runs("cpu") is False
 
 
 def test_device_report_holds_the_environment_facts() -> None:

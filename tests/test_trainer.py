@@ -51,15 +51,6 @@ class Recorder(TrainingCallback):
         return [(m["step"], m["train_loss"]) for m in self.of("step")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    """Tiny models run fastest on one thread, and a shared, loaded CPU makes two threads crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def job(tmp_path: Path | None = None, **changes: Any) -> TrainJob:
     runtime = changes.pop("runtime", RuntimeConfig(device="cpu", precision="fp32", batch_size=8))
     training = dict(
