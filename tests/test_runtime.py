@@ -12,9 +12,8 @@ from gptcore.errors import DeviceError
 PROFILE = load_profile("gpt_first_cpu")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: auto resolves to cuda")
 def test_auto_on_this_machine_takes_the_cpu_defaults_of_the_profile() -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present: auto resolves to cuda")
     runtime = rt.resolve_runtime(RuntimeConfig(), PROFILE)
     assert runtime.device == "cpu"
     assert (runtime.batch_size, runtime.grad_accum_steps, runtime.precision, runtime.workers) == (
