@@ -12,6 +12,7 @@ import sys
 import click
 import typer
 
+from flows.startup import freeze_before_exit
 from gptcore.errors import GptpipeError
 
 # typer >= 0.2x raises its own vendored click's exceptions, not the installed click's: catch both.
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    finally:
+        freeze_before_exit()
     return result if isinstance(result, int) else 0
 
 

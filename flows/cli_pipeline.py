@@ -34,15 +34,22 @@ def run(
     if until not in STAGES:
         raise ConfigError(f"--until {until!r} is not allowed: expected one of {', '.join(STAGES)}")
     params_path = _params_file(params, iteration)
-    load_params(params_path, overrides)  # every value checked before anything starts
+    checked = load_params(params_path, overrides)  # every value checked before anything starts
 
     from flows.prefect_env import TemporaryServer, apply_project_settings
+    from flows.startup import bulk_imports
 
     apply_project_settings()
     server = TemporaryServer()
-    server.start()  # comes up while torch and the stages import
-    from flows.pipeline import end_to_end
-    from gptcore import runtime  # noqa: F401  (torch, imported while the server starts)
+    server.start()
+    # While the server comes up: the imports every run needs, and the MLflow store opened and checked.
+    with bulk_imports():
+        import prefect.flow_engine  # noqa: F401  (otherwise imported when the flow starts)
 
+        from flows.pipeline import end_to_end
+        from gptcore import runtime  # noqa: F401  (torch)
+        from tasks.tracking import TrackingSession
+
+        TrackingSession.prepare(checked.tracking)
     server.wait()
     end_to_end(params_path=str(params_path), overrides=list(overrides), until=until)

@@ -66,7 +66,8 @@ def apply_project_settings(toml_path: Path = PREFECT_TOML) -> None:
 class TemporaryServer:
     """Prefect's temporary API server, started as a subprocess before Prefect is even imported.
 
-    Prefect would start the same server itself (`uvicorn prefect.server.api.server:create_app`), but
+    Prefect would start the same server itself (`uvicorn prefect.server.api.server:create_app`; here
+    through `flows.prefect_server`, which imports it faster), but
     only after importing its whole server package in this process, and it waits for the server to stop
     at exit. Starting it here first, and pointing PREFECT_API_URL at it, lets it come up while torch and
     the stage code import; at exit it is asked to stop without waiting. The database is the one under
@@ -88,7 +89,8 @@ class TemporaryServer:
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
         }
-        command = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
+        command = [sys.executable, "-m", "flows.prefect_server"]
+        command += ["--factory", "prefect.server.api.server:create_app"]
         command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
         self.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
         atexit.register(self.stop)

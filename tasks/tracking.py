@@ -43,6 +43,8 @@ __all__ = [
 
 TRAINING_STAGES = ("smoke", "full")
 _FILES_KEY = "files"  # a stage manifest's {path: sha256} of its outputs (tasks.caching.FILES_KEY)
+# Sessions `TrackingSession.prepare` opened ahead of their use, by (store uri, experiment name).
+_PREPARED: dict[tuple[str, str], TrackingSession] = {}
 
 
 @dataclass
@@ -61,12 +63,27 @@ class TrackingSession:
     ) -> TrackingSession:
         """Resolve and check the store (a TrackingError before anything trains), then the experiment.
 
-        `config` is the parameter file's `tracking` section (a TrackingConfig) or None."""
+        `config` is the parameter file's `tracking` section (a TrackingConfig) or None. A session made
+        ready by `prepare` for the same store and experiment is taken instead of connecting again."""
         target = resolve_target(config, root)
-        client = connect(target)
         name = experiment or getattr(config, "experiment", None) or "gptpipe"
+        system_metrics = bool(getattr(config, "system_metrics", True))
+        prepared = _PREPARED.pop((target.uri, name), None)
+        if prepared is not None:
+            prepared.system_metrics = system_metrics
+            return prepared
+        client = connect(target)
         experiment_id = ensure_experiment(client, name, target)
-        return cls(target, client, experiment_id, name, bool(getattr(config, "system_metrics", True)))
+        return cls(target, client, experiment_id, name, system_metrics)
+
+    @classmethod
+    def prepare(cls, config: Any = None, experiment: str | None = None, root: Path | None = None) -> None:
+        """Connect now, for the next `open` of the same store and experiment in this process.
+
+        Importing MLflow and opening its store take over a second; `gptpipe run` does it while Prefect's
+        server starts, and a store that cannot be used stops the command before the flow begins."""
+        session = cls.open(config, experiment, root)
+        _PREPARED[(session.target.uri, session.experiment_name)] = session
 
     def training_callback(self, run_name: str, **options: Any) -> MLflowCallback:
         """An MLflowCallback recording into this session's experiment (see MLflowCallback for options)."""

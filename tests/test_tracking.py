@@ -13,6 +13,7 @@ import pytest
 from tracking_support import fresh_store
 
 from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrackingConfig, TrainingConfig
+from tasks import tracking
 from tasks.tracking import PipelineRecorder, TrackingSession, training_metadata
 from tasks.tracking_callback import END_METRICS, STEP_METRICS, MLflowCallback
 from tasks.tracking_store import TrackingError, connect, environment_tags, redact, resolve_target
@@ -125,6 +126,26 @@ def test_environment_uri_wins_over_the_parameter_file(
 def test_the_old_file_store_is_refused_with_what_to_use(tmp_path: Path) -> None:
     with pytest.raises(TrackingError, match=r"tracking.uri './mlruns'.*sqlite:///"):
         resolve_target(TrackingConfig(uri="./mlruns"), root=tmp_path)
+
+
+def test_a_prepared_session_is_taken_once_by_the_next_open_of_the_same_store(tmp_path: Path) -> None:
+    config = TrackingConfig(uri=fresh_store(tmp_path), experiment="prepared", system_metrics=False)
+    TrackingSession.prepare(config)
+    assert len(tracking._PREPARED) == 1
+    taken = TrackingSession.open(config)
+    assert taken.experiment_name == "prepared" and taken.system_metrics is False
+    assert not tracking._PREPARED  # taken once: the next open connects again
+    TrackingSession.prepare(config)
+    other = TrackingConfig(uri=config.uri, experiment="another")
+    assert TrackingSession.open(other).experiment_name == "another"  # another experiment connects
+    assert len(tracking._PREPARED) == 1
+    assert TrackingSession.open(config).experiment_id == taken.experiment_id
+    assert not tracking._PREPARED
+
+
+def test_prepare_fails_like_open_on_a_store_that_cannot_be_used(tmp_path: Path) -> None:
+    with pytest.raises(TrackingError, match="sqlite:///"):
+        TrackingSession.prepare(TrackingConfig(uri="./mlruns"), root=tmp_path)
 
 
 def test_an_unreachable_server_is_a_clear_error_within_seconds() -> None:
