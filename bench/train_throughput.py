@@ -23,6 +23,7 @@ right away, under the same load. Figures:
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (the allocator is tuned before torch and the trainer are imported)
 import argparse
 import json
 import os
@@ -31,6 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gptcore.host_memory import tune_malloc
+
+# As `gptpipe` does, before torch is imported; GPTPIPE_MALLOC_TUNING=0 measures glibc's defaults.
+HOST_ALLOCATOR = tune_malloc()
 # The inductor cache lives in the project (git-ignored) so a second --compile run skips codegen.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache/inductor"))
 
@@ -136,6 +141,7 @@ def figures(
         "precision": precision,
         "threads": torch.get_num_threads(),
         "compile": compile_,
+        "host_allocator": HOST_ALLOCATOR,
         "steps": summary["steps"],
         "steady_steps": len(steady),
         "tokens_per_second": round(step_tokens / median_seconds, 1),

@@ -14,6 +14,7 @@ import typer
 
 from flows.startup import freeze_before_exit
 from gptcore.errors import GptpipeError
+from gptcore.host_memory import tune_malloc
 
 # typer >= 0.2x raises its own vendored click's exceptions, not the installed click's: catch both.
 try:
@@ -47,6 +48,7 @@ def _usage_line(error: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_malloc()  # before anything imports torch, or it does not take (see gptcore.host_memory)
     _register_commands()
     command = typer.main.get_command(app)
     try:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptcore.config import ModelConfig
+from gptcore.cross_entropy import cross_entropy
 
 
 class CausalSelfAttention(nn.Module):
@@ -118,7 +119,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, -1:, :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+        loss = cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
 

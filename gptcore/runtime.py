@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from gptcore import host_memory
 from gptcore.config import ConcretePrecision, DeviceDefaults, ModelProfile, RuntimeConfig
 from gptcore.errors import DeviceError
 
@@ -39,6 +40,7 @@ class Runtime:
     compile: bool
     cpu_threads: int
     precision_source: str  # "requested" or "profile default" or why auto chose it
+    host_allocator: str  # glibc malloc settings this process runs with (gptcore.host_memory)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -146,6 +148,7 @@ def resolve_runtime(request: RuntimeConfig, defaults_for: DefaultsSource) -> Run
         compile=request.compile,
         cpu_threads=torch.get_num_threads(),
         precision_source=source,
+        host_allocator=host_memory.describe(),
     )
 
 

@@ -1,0 +1,56 @@
+"""The model's cross-entropy equals PyTorch's in value and gradient, for every logits dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptcore.cross_entropy import cross_entropy
+
+
+def loss_and_grad(function, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = logits.detach().clone().requires_grad_(True)
+    loss = function(leaf, targets)
+    (loss * 3.0).backward()  # a non-unit upstream gradient, as a grad scaler gives
+    return loss.detach(), leaf.grad
+
+
+def test_value_and_gradient_equal_torch_cross_entropy_in_fp32() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 500, generator=generator) * 4
+    targets = torch.randint(0, 500, (64,), generator=generator)
+    ours = loss_and_grad(cross_entropy, logits, targets)
+    reference = loss_and_grad(F.cross_entropy, logits, targets)
+    assert ours[0].dtype == torch.float32
+    torch.testing.assert_close(ours[0], reference[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours[1], reference[1], rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits_give_a_float32_loss_and_a_gradient_in_their_own_dtype(
+    dtype: torch.dtype,
+) -> None:
+    generator = torch.Generator().manual_seed(1)
+    logits = (torch.randn(32, 300, generator=generator) * 3).to(dtype)
+    targets = torch.randint(0, 300, (32,), generator=generator)
+    loss, grad = loss_and_grad(cross_entropy, logits, targets)
+    reference_loss, reference_grad = loss_and_grad(
+        lambda x, t: F.cross_entropy(x.float(), t), logits, targets
+    )
+    assert loss.dtype == torch.float32 and grad.dtype == dtype
+    torch.testing.assert_close(loss, reference_loss, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad, reference_grad)
+
+
+def test_a_second_backward_through_the_same_loss_is_refused() -> None:
+    logits = torch.randn(4, 10, requires_grad=True)
+    loss = cross_entropy(logits, torch.tensor([1, 2, 3, 4]))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="ran twice"):
+        loss.backward()
+
+
+def test_mismatched_shapes_are_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"\(N, V\) logits and \(N,\) targets"):
+        cross_entropy(torch.randn(2, 3, 5), torch.tensor([0, 1]))
