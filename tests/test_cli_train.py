@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from flows.cli import main
+from gptcore import host_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_PARAMS = {
@@ -82,6 +83,7 @@ def test_dry_run_of_iteration_1_reports_the_profile_and_writes_nothing(
     startup, summary = _lines(capsys.readouterr().out)
     assert startup["event"] == "startup" and startup["parameter_count"] == 5_322_240
     assert startup["sequence_length"] == 256 and startup["batch_size"] == 8 and startup["device"] == "cpu"
+    assert startup["host_allocator"] == host_memory.describe()  # what the command's start-up applied
     assert summary["event"] == "summary" and summary["steps"] == 0
     assert not directory.exists()
 
