@@ -67,14 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    finally:
-        freeze_before_exit()
     return result if isinstance(result, int) else 0
+
+
+def entry() -> None:
+    """The `gptpipe` process: `main`, then an exit that spares the final collection what is still alive
+    (in-process callers such as tests use `main`, whose objects stay collectable)."""
+    code = main()
+    freeze_before_exit()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
     # Run as `python -m flows.cli`, this file is `__main__`; the subcommand modules register on the
     # importable `flows.cli.app`, so go through that module.
-    from flows.cli import main as importable_main
+    from flows.cli import entry as importable_entry
 
-    sys.exit(importable_main())
+    importable_entry()

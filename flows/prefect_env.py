@@ -66,12 +66,12 @@ def apply_project_settings(toml_path: Path = PREFECT_TOML) -> None:
 class TemporaryServer:
     """Prefect's temporary API server, started as a subprocess before Prefect is even imported.
 
-    Prefect would start the same server itself (`uvicorn prefect.server.api.server:create_app`; here
-    through `flows.prefect_server`, which imports it faster), but
-    only after importing its whole server package in this process, and it waits for the server to stop
-    at exit. Starting it here first, and pointing PREFECT_API_URL at it, lets it come up while torch and
-    the stage code import; at exit it is asked to stop without waiting. The database is the one under
-    PREFECT_HOME, as with Prefect's own temporary server.
+    Prefect would start the same server itself (`uvicorn prefect.server.api.server:create_app`, here
+    run through `flows.prefect_server`, which imports it faster), but only after importing its whole
+    server package in this process, and it waits for the server to stop at exit. Starting it here
+    first, and pointing PREFECT_API_URL at it, lets it come up while torch and the stage code import;
+    at exit it is asked to stop without waiting. The database is the one under PREFECT_HOME, as with
+    Prefect's own temporary server.
     """
 
     def __init__(self, startup_timeout: float = 60.0) -> None:

@@ -32,30 +32,35 @@ TUNABLES = (
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 TUNED = f"glibc mmap_threshold={MMAP_THRESHOLD_BYTES >> 20}MiB trim_threshold={TRIM_THRESHOLD_BYTES >> 20}MiB"
 
-_state = "default"
+_state: str | None = None  # what tune_malloc found or did; None until it runs
 
 
 def tune_malloc() -> str:
     """Apply the settings to this process and export them for its children; returns `describe()`."""
     global _state
-    if _state == "default":
+    if _state is None:
         _state = _tune()
     return _state
 
 
 def describe() -> str:
     """What this process runs with: the tuned settings, the user's own, or glibc's defaults."""
-    if _state == "default" and TUNABLES in os.environ.get("GLIBC_TUNABLES", ""):
-        return f"{TUNED} (inherited)"  # a Prefect worker's flow run, a torchrun rank
-    return _state
+    if _state is not None:
+        return _state
+    return f"{TUNED} (inherited)" if _inherited() else "default"  # e.g. a Prefect worker's flow run
+
+
+def _inherited() -> bool:
+    """glibc applied the settings at this process's start (a torchrun rank, a deployment's flow run)."""
+    return TUNABLES in os.environ.get("GLIBC_TUNABLES", "")
 
 
 def _tune() -> str:
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if os.environ.get("GPTPIPE_MALLOC_TUNING", "1") == "0":
         return "default (GPTPIPE_MALLOC_TUNING=0)"
-    if TUNABLES in tunables:
-        return f"{TUNED} (inherited)"  # glibc applied them at this process's start
+    if _inherited():
+        return f"{TUNED} (inherited)"
     if "glibc.malloc" in tunables or any(map(os.environ.get, _USER_SETTINGS)):
         return "user settings (GLIBC_TUNABLES / MALLOC_*_)"
     if not sys.platform.startswith("linux") or not _mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):

@@ -35,7 +35,7 @@ def test_the_users_own_settings_and_the_opt_out_win(monkeypatch: pytest.MonkeyPa
 
 def test_a_child_process_reports_the_settings_it_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GLIBC_TUNABLES", host_memory.TUNABLES)
-    monkeypatch.setattr(host_memory, "_state", "default")
+    monkeypatch.setattr(host_memory, "_state", None)  # tune_malloc never ran here
     assert host_memory.describe() == f"{host_memory.TUNED} (inherited)"
 
 
