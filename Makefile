@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean gpu-dry-run
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The GPU check's imports, flags and paths on a venv shaped like the GPU machine's bare image (no GPU).
+gpu-dry-run:
+	bash bench/gpu_dry_run.sh
 
 clean:
 	rm -rf data checkpoints .prefect mlruns/mlflow.db mlruns/artifacts

@@ -1,60 +1,101 @@
 #!/usr/bin/env bash
-# GPU check for a lent H200 (or any CUDA GPU), at most ~8 minutes: the device report; gpt_100m in bf16
-# for a bounded number of steps (tokens/s, MFU against the H200's 989 TFLOP/s dense bf16 peak, peak
-# memory); the fp16 (grad scaler) and fp32+TF32 paths; a deliberately too-large batch showing the clear
-# out-of-memory error. Every run is the real `gptpipe train` on a synthetic stream; each prints JSON lines.
+# The GPU check, for a lent H200 (or any CUDA GPU) running its bare image: one call of at most 8 minutes,
+# each part under its own timeout. Parts: the device report; gpt_100m bf16 at the profile's GPU defaults
+# (tokens/s, MFU against the H200's 989 TFLOP/s dense bf16 peak, peak memory against the estimate,
+# checkpoint save seconds); gpt_100m fp16 with the grad scaler; gpt_100m fp32 with TF32; gpt_42m bf16;
+# iteration 1's bounded CPU-versus-CUDA comparison (`gptpipe compare --no-track`, same controls); a
+# deliberately too-large batch showing the out-of-memory response (exit 1, one line, no traceback).
+# Every training is the real `gptpipe train` on a synthetic stream.
 #
-#   bash bench/gpu_check.sh            # results under $OUT (or ./gpu_check_out)
+# The image has no pydantic and no network: first, here, `bash bench/gpu_wheels.sh` (-> .gpu_wheels/),
+# then on the GPU machine, with `.gpu_wheels` carried:
+#   bash bench/gpu_check.sh                  # python3; figures under $OUT (or ./gpu_check_out)
+#   bash bench/gpu_check.sh --cpu-dry-run    # every part on the CPU, tiny bounds: imports, flags, paths
+# Environment: PY (default python3), WHEELS (default .gpu_wheels), OUT.
+# Files written under $OUT (3): summary.md (one line a part), results.json (the figures), log.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+DRY=0
+if [[ ${1:-} == --cpu-dry-run ]]; then
+  DRY=1
+elif [[ -n ${1:-} ]]; then
+  echo "error: bench/gpu_check.sh: unknown argument ${1}: expected --cpu-dry-run or nothing" >&2
+  exit 2
+fi
+PY=${PY:-python3}
+WHEELS=${WHEELS:-.gpu_wheels}
 OUT=${OUT:-gpu_check_out}
 mkdir -p "$OUT"
+rm -f "$OUT/results.json" "$OUT/summary.md" "$OUT/log.txt"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 status=0
 
-train() {  # train NAME TIMEOUT ARGS...: one bounded gpt_100m run, JSON lines to $OUT/NAME.jsonl
-  local name=$1 limit=$2
-  shift 2
-  echo "== $name: gptpipe train --iteration 3 $*"
-  timeout "$limit" "$PY" -m flows.cli train --iteration 3 --device cuda --synthetic \
-    --training-examples 1024 --validation-examples 32 --log-every 10 --eval-every 100000 \
-    --checkpoint-every 100000 --checkpoint-directory "$WORK/$name" "$@" \
-    >"$OUT/$name.jsonl" 2>"$OUT/$name.stderr"
+# The carried wheels, installed outside the image's environment; the project from this checkout.
+export PYTHONPATH=$PWD
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$WORK/site" "$WHEELS"/*.whl >"$WORK/pip.log" 2>&1 \
+    || { cat "$WORK/pip.log"; echo "error: installing the wheels of $WHEELS failed" >&2; exit 1; }
+  export PYTHONPATH=$WORK/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+
+if [[ $DRY -eq 1 ]]; then
+  DEVICE=cpu
+  SCALE=4  # the CPU is slower than the GPU these limits are set for
+  # Tiny bounds that still build each profile's full model and run a step, an evaluation and a save.
+  BOUNDS=(--batch-size 1 --grad-accum 1 --max-steps 1 --training-examples 2 --validation-examples 1)
+  COMPARE=(--axis precision --values fp32,bf16 --max-steps 2 --training-examples 8 --validation-examples 2)
+else
+  DEVICE=cuda
+  SCALE=1
+  BOUNDS=()
+  COMPARE=(--axis device)  # CPU against CUDA, iteration 1's bounded comparison (10 steps)
+fi
+echo "== gpu_check: device $DEVICE, python $("$PY" -c 'import sys; print(sys.version.split()[0])'), out $OUT"
+
+part() {  # part KIND NAME LIMIT_SECONDS ARGS...: one `gptpipe` command, its figures recorded
+  local kind=$1 name=$2 limit=$(($3 * SCALE))
+  shift 3
+  echo "== $name: gptpipe $*"
+  timeout --kill-after=10 "$limit" "$PY" -m flows.cli "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
   local rc=$?
-  "$PY" - "$OUT/$name.jsonl" <<'PYEOF'
-import json, sys
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-start = next((l for l in lines if l["event"] == "startup"), {})
-end = next((l for l in lines if l["event"] == "summary"), None)
-if end:
-    print(f"  {start.get('gpu_name')} {start.get('precision')} batch {start.get('batch_size')}x"
-          f"{start.get('grad_accum_steps')} fused_adamw={start.get('fused_adamw')} tf32={start.get('tf32_enabled')}")
-    print(f"  steps {end['steps']}  tokens/s {end['tokens_per_second']:.0f}  MFU {end['mfu']:.3f} "
-          f"of {end['peak_flops'] / 1e12:.1f} TFLOP/s  peak memory {end['peak_memory_bytes'] / 2**30:.2f} GiB "
-          f"(estimated {end['estimated_peak_memory_bytes'] / 2**30:.2f})  loss {end['final_train_loss']:.3f}")
-PYEOF
-  return $rc
+  [[ $rc -eq 124 || $rc -eq 137 ]] && echo "  $name: stopped at its ${limit} s limit"
+  { echo "===== $name (exit $rc): gptpipe $*"; cat "$WORK/$name.out"; echo "----- stderr"; cat "$WORK/$name.err"; } \
+    >>"$OUT/log.txt"
+  "$PY" bench/gpu_check_report.py "$OUT" "$kind" "$name" "$WORK/$name.out" "$WORK/$name.err" "$rc" \
+    "error: out of memory on $DEVICE at batch size 2048" || status=1
 }
 
-echo "== device report"
-"$PY" -m flows.cli device --device cuda --json | tee "$OUT/device.json" || status=1
+train() {  # train NAME LIMIT ARGS...: a bounded `gptpipe train` on a synthetic stream
+  local name=$1 limit=$2
+  shift 2
+  part train "$name" "$limit" train --device "$DEVICE" --synthetic --no-track --log-every 10 \
+    --eval-every 100000 --checkpoint-every 100000 --checkpoint-directory "$WORK/checkpoints/$name" \
+    "$@" "${BOUNDS[@]}"
+}
 
-# bf16, the profile's GPU defaults (batch 32 x accumulation 4), 30 optimizer steps.
-train bf16 150 --precision bf16 --max-steps 30 || status=1
-# fp16 with the grad scaler, and fp32 with TF32 tensor cores: fewer steps, same batch per step.
-train fp16 100 --precision fp16 --max-steps 15 --grad-accum 1 || status=1
-train fp32_tf32 120 --precision fp32 --max-steps 15 --grad-accum 1 || status=1
+"$PY" -c 'import flows.cli, flows.cli_train, flows.cli_tracking, gptcore.trainer, gptcore.comparison' \
+  || { echo "error: the check's imports fail with $PY (PYTHONPATH=$PYTHONPATH)" >&2; exit 1; }
 
-echo "== out of memory: batch 2048 x 1024 tokens cannot fit; expect exit 1 and one advice line"
-train oom 90 --precision bf16 --max-steps 2 --batch-size 2048 --grad-accum 1 --training-examples 2048
-rc=$?
-cat "$OUT/oom.stderr"
-if [[ $rc -eq 1 ]] && grep -q "^error: out of memory on cuda at batch size 2048" "$OUT/oom.stderr" \
-   && ! grep -q Traceback "$OUT/oom.stderr"; then
-  echo "  OOM handled: exit $rc, one line, no traceback"
-else
-  echo "  OOM NOT handled as expected (exit $rc)"; status=1
+part device device 45 device --device "$DEVICE" --json
+# gpt_100m at the profile's GPU defaults (bf16, batch 32 x accumulation 4): 30 optimizer steps.
+train bf16_100m 100 --iteration 3 --precision bf16 --max-steps 30 --training-examples 4096
+# fp16 with the grad scaler, and fp32 with TF32 tensor cores: fewer steps, no accumulation.
+train fp16_100m 60 --iteration 3 --precision fp16 --max-steps 15 --grad-accum 1
+train fp32_tf32_100m 75 --iteration 3 --precision fp32 --max-steps 15 --grad-accum 1
+# gpt_42m (iteration 2) at its GPU defaults.
+train bf16_42m 60 --iteration 2 --precision bf16 --max-steps 30 --training-examples 4096
+part compare compare_iteration_1 60 compare --iteration 1 --no-track "${COMPARE[@]}"
+if [[ $DRY -eq 1 ]]; then  # the CPU cannot be filled safely: the same command, resolved and estimated only
+  part train oom_dry 45 train --device cpu --synthetic --no-track --iteration 3 --precision bf16 \
+    --dry-run --batch-size 2048 --grad-accum 1
+else  # batch 2048 x 1024 tokens cannot fit: expect exit 1, one advice line, no traceback
+  part oom oom 45 train --device cuda --synthetic --no-track --iteration 3 --precision bf16 --max-steps 2 \
+    --batch-size 2048 --grad-accum 1 --training-examples 2048 --checkpoint-directory "$WORK/checkpoints/oom"
 fi
+
+"$PY" bench/gpu_check_report.py "$OUT" summary
+echo "== gpu_check: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
 exit $status

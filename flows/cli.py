@@ -13,7 +13,7 @@ import click
 import typer
 
 from flows.startup import freeze_before_exit
-from gptcore.errors import GptpipeError
+from gptcore.errors import GptpipeError, missing_dependency
 from gptcore.host_memory import tune_malloc
 
 # typer >= 0.2x raises its own vendored click's exceptions, not the installed click's: catch both.
@@ -49,6 +49,17 @@ def _usage_line(error: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     tune_malloc()  # before anything imports torch, or it does not take (see gptcore.host_memory)
+    try:
+        return _run(argv)
+    except ModuleNotFoundError as error:  # a dependency not installed here (a bare GPU image, say)
+        missing = missing_dependency(error)
+        if missing is None:
+            raise
+        print(f"error: {missing}", file=sys.stderr)
+        return missing.exit_code
+
+
+def _run(argv: list[str] | None) -> int:
     _register_commands()
     command = typer.main.get_command(app)
     try:
@@ -75,6 +86,12 @@ def entry() -> None:
     (in-process callers such as tests use `main`, whose objects stay collectable)."""
     code = main()
     freeze_before_exit()
+    from gptcore.launch import under_torchrun
+
+    if under_torchrun():
+        from gptcore.distributed import leave_rank
+
+        leave_rank(code)
     sys.exit(code)
 
 

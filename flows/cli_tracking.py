@@ -93,6 +93,9 @@ def compare_command(
     runs: str | None = typer.Option(
         None, "--runs", help="compare two recorded runs: RUN_A,RUN_B (no training)"
     ),
+    no_track: bool = typer.Option(
+        False, "--no-track", help="train and compare in this process: no MLflow record, no Prefect flow"
+    ),
 ) -> None:
     """Two bounded training runs that differ in one axis, recorded in MLflow; prints the comparison."""
     path, params = _params(params_file, iteration, list(set_))
@@ -101,12 +104,14 @@ def compare_command(
         raise ConfigError(f"--precision {precision!r}: expected one of fp32, bf16, fp16")
     if train_tokens is not None and not train_tokens.is_file():
         raise ConfigError(f"--train-tokens {train_tokens}: file not found")
-    from flows.compare import AXES
+    from gptcore.comparison import AXES, Limits, print_comparison
 
     if axis not in ("auto", *AXES):
         raise ConfigError(f"--axis {axis!r}: expected one of auto, {', '.join(AXES)}")
+    if runs is not None and no_track:
+        raise ConfigError("--runs reads recorded runs from MLflow; --no-track records none: give one of them")
     if runs is not None:
-        from flows.compare import compare_runs, print_result
+        from flows.compare import compare_runs
         from tasks.tracking import TrackingSession
 
         ids = [r.strip() for r in runs.split(",") if r.strip()]
@@ -114,7 +119,18 @@ def compare_command(
             raise ConfigError(f"--runs {runs!r}: expected two run ids, comma-separated")
         if axis == "auto":
             raise ConfigError("--runs: name the compared --axis (device, precision or batch_size)")
-        print_result(compare_runs(TrackingSession.open(params.tracking), ids, axis))
+        print_comparison(compare_runs(TrackingSession.open(params.tracking), ids, axis))
+        return
+    if no_track:
+        import torch
+
+        from gptcore.comparison import compare_in_memory, plan_comparison
+
+        plan = plan_comparison(
+            params, axis, chosen, Limits(max_steps, training_examples, validation_examples),
+            torch.cuda.is_available(), batch_size, precision, train_tokens, validation_tokens, tokenizer,
+        )  # fmt: skip
+        print_comparison(compare_in_memory(params, plan))
         return
     from flows.prefect_env import TemporaryServer, apply_project_settings
 

@@ -73,7 +73,8 @@ def training_callbacks(
 
     callbacks: list[Any] = [JsonLinesCallback()]
     if track:
-        from tasks.tracking import TrackingSession, profile_params
+        from gptcore.records import profile_params
+        from tasks.tracking import TrackingSession
 
         session = TrackingSession.open(params.tracking)
         tags = {"stage": stage, "kind": "training", "source": "gptpipe train"}

@@ -132,6 +132,21 @@ def process_group(device: str, world: World | None = None) -> Iterator[World]:
             dist.destroy_process_group()
 
 
+def leave_rank(code: int) -> None:
+    """End a torchrun rank without interpreter finalization. Gloo's worker threads release a finished
+    collective's tensors after the caller has its result; one still doing so when finalization begins
+    wants the GIL, is ended by Python inside C++ code, and the process aborts (std::terminate, SIGABRT)
+    after a run that succeeded. Everything a rank produces is written and flushed before this."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def current_world() -> World:
     """The world of the initialised process group (ranks from the group, local ones from the env)."""
     if not (dist.is_available() and dist.is_initialized()):

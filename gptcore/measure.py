@@ -42,14 +42,19 @@ def mfu(tokens_per_second: float, flops_token: int, peak_flops: float) -> float:
 Shape = tuple[int, int, int]  # (m, k, n) of an (m, k) @ (k, n) matmul
 
 SQUARE: tuple[Shape, ...] = ((2048, 2048, 2048),)
+# The probe's rows stop here: past a few thousand rows a GEMM's FLOP/s no longer grows, and a probe at
+# a large batch's full token count would allocate what the step itself may not have (batch 2048 x 1024
+# tokens against a 16k vocabulary: a 64 GiB product).
+PROBE_ROWS = 4096
 
 
 def model_matmul_shapes(config: ModelConfig, tokens: int) -> tuple[Shape, ...]:
-    """The forward GEMMs of a training step of `tokens` tokens (backward ones are their transposes):
+    """The forward GEMMs of a training step of `tokens` tokens, at most `PROBE_ROWS` of them (backward
+    ones are their transposes):
     output head, MLP up and down, QKV. With the square matmul they make the peak's candidate set, so
     the roof is what this library reaches on the shapes the model actually runs, not on one shape
     that may be unusually fast or slow here."""
-    d = config.n_embd
+    d, tokens = config.n_embd, min(tokens, PROBE_ROWS)
     return (
         (tokens, d, config.vocab_size),
         (tokens, d, 4 * d),

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.fingerprint import sha256_file
-from tasks.tracking_callback import RUN_ID_KEY, MLflowCallback, Resilient, finite_metrics
+from gptcore.records import finite_metrics, profile_params
+from tasks.tracking_callback import RUN_ID_KEY, MLflowCallback, Resilient
 from tasks.tracking_store import (
     TrackingError,
     TrackingTarget,
@@ -103,14 +104,6 @@ def training_metadata(callbacks: list[Any]) -> dict[str, Any]:
         if isinstance(callback, MLflowCallback):
             return callback.metadata
     return {}
-
-
-def profile_params(params: Any) -> dict[str, Any]:
-    """The model profile as `model.*` params: its name and architecture."""
-    profile = params.model
-    values: dict[str, Any] = {"model.profile": profile.name}
-    values.update({f"model.{k}": v for k, v in profile.architecture.model_dump().items()})
-    return values
 
 
 def _stage_fingerprint(manifest: dict[str, Any]) -> str | None:

@@ -12,7 +12,6 @@ from the checkpoint a resume starts from.
 
 from __future__ import annotations
 
-import math
 import queue
 import sys
 import threading
@@ -22,63 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.callbacks import TrainingCallback
+from gptcore.records import END_METRICS, EVAL_METRICS, STEP_METRICS, finite_metrics, startup_params
 from tasks.tracking_store import redact
 
-# The training run's params, from the trainer's startup record (plus `effective_batch_size`).
-STARTUP_PARAMS = (
-    "processor",
-    "gpu_name",
-    "gpu_memory_bytes",
-    "torch_version",
-    "cuda_available",
-    "device",
-    "precision",
-    "tensor_cores_enabled",
-    "tf32_enabled",
-    "fused_adamw",
-    "batch_size",
-    "grad_accum_steps",
-    "workers",
-    "sequence_length",
-    "parameter_count",
-    "max_steps",
-    "planned_tokens",
-    "planned_steps",
-    "epochs",
-    "train_examples",
-    "validation_examples",
-    "flops_per_token",
-    "peak_flops",
-    "peak_flops_source",
-    "fingerprint",
-)
-STEP_METRICS = ("train_loss", "learning_rate", "grad_norm", "tokens_per_second", "steps_per_second", "mfu")
-EVAL_METRICS = ("val_loss", "val_perplexity", "unigram_val_loss")
-END_METRICS = (
-    "peak_memory_bytes",
-    "estimated_peak_memory_bytes",
-    "checkpoint_save_seconds",
-    "estimated_total_seconds",
-    "elapsed_seconds",
-    "final_train_loss",
-    "final_val_loss",
-    "best_val_loss",
-)
 RUN_ID_KEY = "mlflow_run_id"
 _MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limits
 _MAX_METRICS_PER_CALL = 1000
-
-
-def finite_metrics(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
-    """The named entries that are real numbers (None, NaN and infinities are left out)."""
-    chosen = {}
-    for name in names:
-        value = values.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if math.isfinite(value):
-            chosen[name] = float(value)
-    return chosen
 
 
 class Resilient:
@@ -292,10 +240,7 @@ class MLflowCallback(TrainingCallback):
 
     def on_start(self, startup: dict[str, Any]) -> None:
         self.open(startup.get("resumed_from"))
-        values = {k: startup.get(k) for k in STARTUP_PARAMS if k in startup}
-        if "batch_size" in startup and "grad_accum_steps" in startup:
-            values["effective_batch_size"] = int(startup["batch_size"]) * int(startup["grad_accum_steps"])
-        self._log_params({**values, **self.params})
+        self._log_params({**startup_params(startup), **self.params})
         self._set_tags(
             {
                 "checkpoint_directory": startup.get("checkpoint_directory"),

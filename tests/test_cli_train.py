@@ -179,3 +179,57 @@ def test_device_json_reports_the_environment(capsys: pytest.CaptureFixture[str])
     report = json.loads(capsys.readouterr().out)
     assert report["device"] == "cpu" and report["torch_version"] == torch.__version__
     assert isinstance(report["fused_adamw_supported"], bool)
+
+
+def test_a_dry_run_at_a_batch_far_beyond_memory_only_estimates(capsys: pytest.CaptureFixture[str]) -> None:
+    # 2048 x 1024 tokens against gpt_100m's 16k vocabulary: the step's logits alone would be 64 GiB, and
+    # the peak probe used to multiply matrices of that size before the dry run could answer.
+    args = ["train", "--iteration", "3", "--device", "cpu", "--precision", "bf16", "--dry-run"]
+    assert main([*args, "--batch-size", "2048", "--grad-accum", "1"]) == 0
+    startup, summary = _lines(capsys.readouterr().out)
+    assert startup["batch_size"] == 2048 and summary["estimated_peak_memory_bytes"] > 64 * 2**30
+
+
+HIDE_PACKAGES = """
+import builtins, sys
+hidden = set(sys.argv[1].split(","))
+real_import = builtins.__import__
+def hiding_import(name, *args, **kwargs):
+    if name.split(".")[0] in hidden:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = hiding_import
+sys.argv = ["gptpipe", *sys.argv[2:]]
+from flows.cli import entry
+entry()
+"""
+
+
+def _without(packages: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`gptpipe ARGS` in a process where importing any of `packages` fails, as on a bare GPU image."""
+    command = [sys.executable, "-c", HIDE_PACKAGES, packages, *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_missing_dependency_is_one_line_naming_the_package_and_the_way_around(tmp_path: Path) -> None:
+    tracked = _without(
+        "mlflow", "train", "--params", str(_params(tmp_path)), "--synthetic", "--max-steps", "1"
+    )
+    assert tracked.returncode == 1 and "Traceback" not in tracked.stderr
+    assert tracked.stderr.strip().splitlines() == [
+        "error: the Python package 'mlflow' is not installed: pip install 'mlflow>=3.17,<4', "
+        "or add --no-track (gptpipe train, gptpipe compare) to run without MLflow"
+    ]
+    no_pydantic = _without("pydantic", "train", "--iteration", "1", "--dry-run")
+    assert no_pydantic.returncode == 1
+    assert (
+        no_pydantic.stderr.strip()
+        == "error: the Python package 'pydantic' is not installed: pip install 'pydantic>=2.7'"
+    )
+
+
+def test_training_without_tracking_needs_neither_mlflow_nor_prefect(tmp_path: Path) -> None:
+    args = ["train", "--params", str(_params(tmp_path)), "--synthetic", "--max-steps", "2", "--no-track"]
+    result = _without("mlflow,prefect,datasets", *args, "--checkpoint-directory", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert _lines(result.stdout)[-1]["steps"] == 2

@@ -10,7 +10,8 @@ import pytest
 from tracking_support import fresh_store
 
 from flows.cli import main
-from flows.compare import Limits, NotComparable, choose_axis, compare, compare_runs, differing_controls
+from flows.compare import compare, compare_runs
+from gptcore.comparison import Limits, NotComparable, choose_axis, differing_controls
 from gptcore.config import TrackingConfig, load_params
 from gptcore.errors import ConfigError
 from tasks.tracking import TrackingSession
@@ -127,3 +128,27 @@ def test_cli_compares_recorded_runs_and_refuses_bad_axes(
 
 def test_limits_default_to_a_bounded_run() -> None:
     assert Limits() == Limits(max_steps=10, training_examples=64, validation_examples=16, epochs=1)
+
+
+def test_no_track_trains_both_sides_in_process_and_records_nothing(
+    params_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["compare", "--params", str(params_file), "--no-track", "--axis", "batch_size", "--values", "2,4"]
+    assert main([*args, "--max-steps", "2", "--training-examples", "8", "--validation-examples", "2"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "| figure (batch_size) | 2 | 4 | ratio |"
+    summary = json.loads(out[-1])
+    assert summary["run_ids"] == [None, None]
+    first, second = (run["params"] for run in summary["runs"])
+    assert (first["batch_size"], second["batch_size"]) == ("2", "4")
+    assert first["train_examples"] == second["train_examples"] == "8" and first["model.n_layer"] == "1"
+    assert all(run["metrics"]["tokens_per_second"] > 0 for run in summary["runs"])
+    assert session_of(params_file).client.search_runs([session_of(params_file).experiment_id]) == []
+
+
+def test_no_track_refuses_recorded_runs(params_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["compare", "--params", str(params_file), "--no-track", "--axis", "precision", "--runs", "a,b"])
+        == 2
+    )
+    assert capsys.readouterr().err.startswith("error: --runs reads recorded runs from MLflow")

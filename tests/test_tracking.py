@@ -13,9 +13,10 @@ import pytest
 from tracking_support import fresh_store
 
 from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrackingConfig, TrainingConfig
+from gptcore.records import END_METRICS, STEP_METRICS
 from tasks import tracking
 from tasks.tracking import PipelineRecorder, TrackingSession, training_metadata
-from tasks.tracking_callback import END_METRICS, STEP_METRICS, MLflowCallback
+from tasks.tracking_callback import MLflowCallback
 from tasks.tracking_store import TrackingError, connect, environment_tags, redact, resolve_target
 
 STARTUP = {

@@ -1,0 +1,66 @@
+"""The GPU check's plumbing, which runs where no test can: its arguments and how it reads each part."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("gpu_check_report", ROOT / "bench" / "gpu_check_report.py")
+assert spec is not None and spec.loader is not None
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+OOM_LINE = "error: out of memory on cuda at batch size 2048 (estimated peak 945.7 GiB): rerun with ..."
+
+
+def test_the_check_script_parses_and_refuses_unknown_arguments() -> None:
+    assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_check.sh")]).returncode == 0
+    result = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--gpu"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2 and "unknown argument --gpu" in result.stderr
+
+
+def test_the_out_of_memory_response_counts_only_as_one_line_exit_1_and_no_traceback() -> None:
+    expected = "error: out of memory on cuda at batch size 2048"
+    assert report.read_oom(OOM_LINE + "\n", 1, expected)["handled"]
+    assert not report.read_oom(OOM_LINE + "\n", 0, expected)["handled"]
+    assert not report.read_oom("Traceback (most recent call last):\n" + OOM_LINE, 1, expected)["handled"]
+    assert not report.read_oom("error: CUDA is not available\n", 1, expected)["handled"]
+
+
+def test_a_training_part_is_read_from_its_startup_and_summary_lines(tmp_path: Path) -> None:
+    startup = {
+        "event": "startup",
+        "device": "cuda",
+        "precision": "bf16",
+        "batch_size": 32,
+        "grad_accum_steps": 4,
+    }
+    summary = {
+        "event": "summary",
+        "steps": 30,
+        "tokens_per_second": 400_000.0,
+        "mfu": 0.25,
+        "peak_flops": 989e12,
+        "peak_memory_bytes": 40 * 2**30,
+        "estimated_peak_memory_bytes": 38 * 2**30,
+        "checkpoint_save_seconds": 1.5,
+        "dry_run": False,
+    }
+    stdout = tmp_path / "bf16.out"
+    stdout.write_text("\n".join(json.dumps(r) for r in (startup, {"event": "step"}, summary)) + "\n")
+    stderr = tmp_path / "bf16.err"
+    stderr.write_text("")
+    assert report.main([str(tmp_path), "train", "bf16_100m", str(stdout), str(stderr), "0"]) == 0
+    assert report.main([str(tmp_path), "train", "failed", str(stderr), str(stderr), "1"]) == 1
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["bf16_100m"]["tokens_per_second"] == 400_000.0 and results["bf16_100m"]["ok"]
+    assert not results["failed"]["ok"]
+    report.main([str(tmp_path), "summary"])
+    lines = (tmp_path / "summary.md").read_text().splitlines()
+    assert "400,000 tokens/s, MFU 0.250 of 989.0 TFLOP/s, peak memory 40.00 GiB (estimated 38.00)" in lines[2]
+    assert lines[3] == "- FAILED failed: no summary (exit 1)"
