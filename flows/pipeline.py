@@ -11,6 +11,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.runtime import flow_run
 
+from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
 from gptcore.config import STAGES, load_params
 from gptcore.errors import ConfigError
@@ -25,6 +26,7 @@ def end_to_end(
     params_path: str = DEFAULT_PARAMS, overrides: list[str] | None = None, until: str = "full"
 ) -> dict:
     """Corpus to trained checkpoint for one parameter file, redoing only what changed."""
+    hide_user_error_tracebacks()
     if until not in STAGES:
         raise ConfigError(f"--until {until!r} is not allowed: expected one of {', '.join(STAGES)}")
     params = load_params(params_path, list(overrides or []))

@@ -12,6 +12,7 @@ launches it first so that it comes up while torch and the stage code import.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import socket
 import subprocess
@@ -61,6 +62,26 @@ def apply_project_settings(toml_path: Path = PREFECT_TOML) -> None:
         # Results follow PREFECT_HOME when the user moved it but not the storage path.
         os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str(Path(home) / "storage"))
         Path(home).mkdir(parents=True, exist_ok=True)
+
+
+class _NoTracebackForUserErrors(logging.Filter):
+    """Prefect logs a failed task or flow run with the exception's traceback. For a GptpipeError (a
+    failed smoke gate, a missing file) the one-line message is the whole story: keep it, drop the stack."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from gptcore.errors import GptpipeError
+
+        if record.exc_info and isinstance(record.exc_info[1], GptpipeError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def hide_user_error_tracebacks() -> None:
+    """Install the filter on Prefect's task- and flow-run loggers (idempotent)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForUserErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForUserErrors())
 
 
 class TemporaryServer:

@@ -246,8 +246,9 @@ def train_side(params: Any, plan: ComparisonPlan, side: Side, callback: Training
 
     limits = plan.limits
     runtime = RuntimeConfig(**{**params.runtime.model_dump(exclude={"cpu", "gpu"}), **side.runtime})
-    training = params.smoke.model_copy(
+    training = params.training_section("smoke").model_copy(
         update={
+            "eval_at_start": False,
             "max_steps": limits.max_steps,
             "epochs": limits.epochs,
             "training_examples": limits.training_examples,

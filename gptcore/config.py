@@ -137,17 +137,27 @@ class TrainingConfig(Strict):
     checkpoint_every: int = Field(default=100, ge=1)
     keep_last: int = Field(default=2, ge=1)
     max_skipped_steps: int = Field(default=25, ge=1, description="fp16: consecutive overflow skips that stop")
+    eval_at_start: bool = Field(
+        default=False, description="evaluate before the first step: the baseline later ones are judged by"
+    )
     seed: int = 1337
     optimizer: OptimizerConfig = OptimizerConfig()
 
 
 class SmokeConfig(TrainingConfig):
-    """A bounded run that proves the configuration trains and fits, and measures throughput."""
+    """A bounded run that proves the full run's configuration trains and fits, and measures throughput:
+    the full run's first steps, with its optimizer and its learning-rate schedule (warmup included)."""
 
     max_steps: int | None = Field(default=20, ge=2)
     log_every: int = Field(default=5, ge=1)
     eval_every: int = Field(default=20, ge=1)
     checkpoint_every: int = Field(default=1000, ge=1)
+    eval_at_start: bool = True
+    optimizer: OptimizerConfig | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="unset: the full section's, so the smoke proves that configuration; set it to try "
+        "another on purpose",
+    )
 
 
 class FullTrainingConfig(TrainingConfig):
@@ -187,6 +197,18 @@ class PipelineParams(Strict):
                 f"{self.model.architecture.vocab_size}"
             )
         return self
+
+    def training_section(self, stage: Literal["smoke", "full"]) -> TrainingConfig:
+        """The settings a stage trains with: the smoke section takes the full section's optimizer unless
+        it names its own (`smoke_optimizer_source`)."""
+        if stage == "full":
+            return self.full
+        return self.smoke.model_copy(update={"optimizer": self.smoke.optimizer or self.full.optimizer})
+
+    @property
+    def smoke_optimizer_source(self) -> Literal["smoke", "full"]:
+        """Whose optimizer settings the smoke run trains with."""
+        return "smoke" if self.smoke.optimizer is not None else "full"
 
     def defaults_for(self, device: Literal["cpu", "cuda"]) -> DeviceDefaults:
         """The runtime defaults for a resolved device: the parameter file's, else the profile's."""

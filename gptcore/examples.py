@@ -34,6 +34,11 @@ class ExampleSet:
     def window(self) -> int:
         return self.block_size + 1
 
+    def count_within(self, limit: int | None) -> int:
+        """How many examples the stream holds under another run's `training_examples` limit."""
+        available = len(self.stream) // self.window
+        return available if limit is None else min(limit, available)
+
     @property
     def token_count(self) -> int:
         """Tokens the examples cover (what the model sees)."""

@@ -1,4 +1,5 @@
-"""The non-finite guard: a run whose loss or gradients stop being numbers ends at once, clearly.
+"""The guards: a run whose loss or gradients stop being numbers, or whose model has come to predict
+worse than a uniform guess, ends at once, clearly, with its last good checkpoint kept.
 
 With fp16 the gradient scaler already skips a step whose gradients overflowed and lowers its scale;
 that is how fp16 training works, so a skip is counted, not fatal, until `max_skipped_steps` in a row
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from gptcore.config import ModelConfig
 from gptcore.errors import TrainingError
+from gptcore.model import INIT_STD
 
 DEFAULT_MAX_SKIPPED_STEPS = 25
 
@@ -107,6 +110,60 @@ class NonFiniteGuard:
         )
 
     def _kept(self) -> str:
-        if self.last_checkpoint is None:
-            return " (no checkpoint had been written yet)"
-        return f"; the last good checkpoint {self.last_checkpoint} is kept"
+        return kept_checkpoint(self.last_checkpoint)
+
+
+def kept_checkpoint(last_checkpoint: str | None) -> str:
+    """What a stopped run leaves to resume from, as the end of its message."""
+    if last_checkpoint is None:
+        return " (no checkpoint had been written yet)"
+    return f"; the last good checkpoint {last_checkpoint} is kept"
+
+
+def uniform_loss(vocab_size: int) -> float:
+    """The loss of a model that knows nothing: the same probability for every token, ln(V) nats."""
+    return math.log(vocab_size)
+
+
+def untrained_loss(config: ModelConfig) -> float:
+    """About the loss of the freshly initialised model: a little above ln(V), by half the variance of
+    its logits (unit-variance LayerNorm features against a tied embedding of std INIT_STD)."""
+    return uniform_loss(config.vocab_size) + config.n_embd * INIT_STD**2 / 2
+
+
+class DivergenceGuard:
+    """After warmup, a validation loss above the uniform guess ln(V), and above where the untrained
+    model starts (a little higher, `untrained_loss`), means the run diverged: the model now predicts
+    worse than knowing nothing, and more steps only spend time. Checked at each evaluation, before that
+    evaluation's checkpoints, so the last good checkpoint stays the latest."""
+
+    TOLERANCE = 0.05  # nats above the untrained model's loss
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        warmup_steps: int,
+        learning_rate: float,
+        precision: str,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.vocab_size = config.vocab_size
+        self.uniform = uniform_loss(config.vocab_size)
+        self.ceiling = untrained_loss(config) + self.TOLERANCE
+        self.warmup_steps = warmup_steps
+        self.learning_rate = learning_rate
+        self.precision = precision
+
+    def check(self, step: int, val_loss: float, last_checkpoint: str | None) -> None:
+        if not self.enabled or step <= self.warmup_steps:
+            return
+        if math.isfinite(val_loss) and val_loss <= self.ceiling:
+            return
+        raise TrainingError(
+            f"validation loss {val_loss:.4f} at step {step} is above the uniform guess "
+            f"ln({self.vocab_size}) = {self.uniform:.4f} (the untrained model starts near "
+            f"{self.ceiling - self.TOLERANCE:.4f}): training diverged; stopped"
+            f"{kept_checkpoint(last_checkpoint)}: lower the learning rate (peak {self.learning_rate:g}) "
+            f"or train in a wider precision than {self.precision}"
+        )

@@ -62,6 +62,9 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+INIT_STD = 0.02  # GPT-2's initial standard deviation of every weight matrix and embedding
+
+
 class GPT(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -79,7 +82,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight  # tied input and output embeddings
         self.apply(self._init_weights)
         # GPT-2's scaled init: each residual projection adds to the stream 2 * n_layer times.
-        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        residual_std = INIT_STD / math.sqrt(2 * config.n_layer)
         for name, parameter in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(parameter, mean=0.0, std=residual_std)
@@ -87,11 +90,11 @@ class GPT(nn.Module):
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
 
     def parameter_count(self) -> int:
         """Every distinct parameter, the tied embedding once, positions included."""

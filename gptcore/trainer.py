@@ -33,7 +33,7 @@ from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, g
 from gptcore.errors import CheckpointError, ConfigError, DataError, GptpipeError, TrainingError
 from gptcore.examples import BatchLoader, ExampleSet, StepPlan, epoch_order, open_examples, unigram_loss
 from gptcore.fingerprint import code_version, fingerprint
-from gptcore.guards import NonFiniteGuard
+from gptcore.guards import DivergenceGuard, NonFiniteGuard
 from gptcore.measure import (
     FLOP_FORMULA,
     Throughput,
@@ -75,16 +75,20 @@ class TrainJob:
     metadata: dict[str, Any] = field(default_factory=dict)
     world_size: int = 1  # data-parallel ranks, each a process in an initialised group (torchrun)
     rank: int = 0
+    # The run whose learning-rate schedule this one follows (its warmup and length); None: its own.
+    # A smoke run follows the full run's, so its steps are the full run's first steps.
+    schedule: TrainingConfig | None = None
 
     @classmethod
     def from_params(cls, params: PipelineParams, stage: str = "full", **fields: Any) -> TrainJob:
-        """A job for the `smoke` or `full` section of an iteration's parameters."""
-        training = params.smoke if stage == "smoke" else params.full
+        """A job for the `smoke` or `full` section of an iteration's parameters; a smoke job trains
+        the full run's first steps (its optimizer, unless the smoke section names one, and schedule)."""
         return cls(
             model=params.model.architecture,
             runtime=params.runtime,
-            training=training,
+            training=params.training_section("smoke" if stage == "smoke" else "full"),
             device_defaults=params.defaults_for,
+            schedule=params.full if stage == "smoke" else None,
             **fields,
         )
 
@@ -177,11 +181,8 @@ class _Run:
         replica = self.ddp or self.model
         self.forward = torch.compile(replica) if self.runtime.compile else replica
         self.optimizer = self._optimizer()
-        self.planned_steps = self._planned_steps()
-        opt = self.training.optimizer
-        warmup = min(opt.warmup_steps, max(0, (self.planned_steps or 1) - 1))
-        total = self.planned_steps or 1
-        self.schedule = WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
+        self.planned_steps = self._planned_steps(self.training)
+        self.schedule = self._schedule(job.schedule or self.training)
         self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
         self.guard = NonFiniteGuard(
             self.runtime.precision,
@@ -189,6 +190,14 @@ class _Run:
             self.training.max_skipped_steps,
             immediate=self.runtime.device != "cuda",  # on CUDA read one step late, keeping the queue full
             agree=all_reduce_sum,
+        )
+        # A run that is another's first steps (a smoke run) is judged by its gate, on all its figures.
+        self.divergence = DivergenceGuard(
+            job.model,
+            self.schedule.warmup_steps,
+            self.schedule.peak,
+            self.runtime.precision,
+            enabled=job.schedule is None,
         )
         self.config = self._resume_config()
         self.fingerprint = fingerprint(self.config)
@@ -259,12 +268,20 @@ class _Run:
             foreach=None if self.runtime.fused_adamw else True,
         )
 
-    def _planned_steps(self) -> int | None:
-        cap = self.training.max_steps
+    def _planned_steps(self, section: TrainingConfig) -> int | None:
+        """Optimizer steps a run of `section` takes over this data: its epochs, capped by max_steps."""
+        cap = section.max_steps
         if self.train_set is None:
             return cap
-        per_epoch = self.plan.steps_per_epoch(self.train_set.count)
-        return min(per_epoch * self.training.epochs, cap or per_epoch * self.training.epochs)
+        per_epoch = self.plan.steps_per_epoch(self.train_set.count_within(section.training_examples))
+        return min(per_epoch * section.epochs, cap or per_epoch * section.epochs)
+
+    def _schedule(self, section: TrainingConfig) -> WarmupCosine:
+        """Warmup then cosine decay over the planned steps of `section` (this run's, or the run it is the
+        first steps of), at this run's optimizer's rates."""
+        opt, total = self.training.optimizer, self._planned_steps(section) or 1
+        warmup = min(opt.warmup_steps, max(0, total - 1))
+        return WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
 
     def _resume_config(self) -> dict[str, Any]:
         """What determines the training trajectory: a resume must match it exactly. Per-device batch
@@ -314,6 +331,8 @@ class _Run:
             "max_steps": self.training.max_steps,
             "epochs": self.training.epochs,
             "planned_steps": self.planned_steps,
+            "schedule_steps": self.schedule.total_steps,  # the full run's, for a smoke run
+            "warmup_steps": self.schedule.warmup_steps,
             "tokens_per_step": self.tokens_per_step,
             "planned_tokens": self.planned_steps * self.tokens_per_step if self.planned_steps else None,
             "train_examples": self.train_set.count if self.train_set else None,
@@ -459,6 +478,9 @@ class _Run:
             self.unigram = unigram_loss(self.train_set, self.val_set, self.job.model.vocab_size)
             metrics["unigram_val_loss"] = self.unigram
         self.events.on_eval(metrics)
+        self.divergence.check(self.step, self.last_val_loss, self.guard.last_checkpoint)
+        if self.step == 0:
+            return  # the untrained model is nobody's best checkpoint
         if self.best_val_loss is None or self.last_val_loss < self.best_val_loss:
             self.best_val_loss = self.last_val_loss
             self.save("best")
@@ -576,6 +598,8 @@ class _Run:
         reset_peak_memory(self.runtime.device)
         meter = Throughput(self.tokens_per_step)
         try:
+            if self.training.eval_at_start and self.step == 0:
+                self.evaluate()  # the untrained baseline that later evaluations are judged by
             self.train_steps(meter)
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):

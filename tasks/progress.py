@@ -24,8 +24,10 @@ class PrefectProgress(TrainingCallback):
         self.losses: list[float] = []
         self.val_losses: list[float] = []
         self.start_step = 0
+        self.startup: dict[str, Any] = {}  # the trainer's startup record, once it started
 
     def on_start(self, startup: dict[str, Any]) -> None:
+        self.startup = dict(startup)
         self.planned_steps = max(1, int(startup.get("planned_steps") or self.planned_steps))
         self.start_step = int(startup.get("start_step") or 0)
         self._call(self._create, 100.0 * self.start_step / self.planned_steps)

@@ -64,7 +64,7 @@ def _training_code_version() -> str:
 
 
 def _training_fingerprint(
-    stage: str, params: PipelineParams, settings: TrainingConfig, tokens: dict, device: dict
+    stage: str, params: PipelineParams, tokens: dict, device: dict, schedule: TrainingConfig | None = None
 ) -> str:
     runtime = {key: device["runtime"][key] for key in _RUNTIME_KEYS if key in device["runtime"]}
     machine = {key: device["device"].get(key) for key in ("device", "gpu_name", "torch_version")}
@@ -74,33 +74,25 @@ def _training_fingerprint(
         params.model.architecture.model_dump(),
         runtime,
         machine if stage == "smoke" else machine["device"],
-        settings.model_dump(),
+        params.training_section(stage).model_dump(),
+        schedule.model_dump() if schedule is not None else None,
         _training_code_version(),
     )
 
 
 def smoke_fingerprint(params: PipelineParams, tokens: dict, device: dict) -> str:
-    # A smoke record vouches for one machine: a different GPU or torch build needs its own.
-    return _training_fingerprint("smoke", params, params.smoke, tokens, device)
+    # A smoke record vouches for one machine: a different GPU or torch build needs its own. It trains
+    # the full run's first steps, so the full section's settings (optimizer, schedule) are part of it.
+    return _training_fingerprint("smoke", params, tokens, device, schedule=params.full)
 
 
 def full_fingerprint(params: PipelineParams, tokens: dict, device: dict) -> str:
-    return _training_fingerprint("full", params, params.full, tokens, device)
+    return _training_fingerprint("full", params, tokens, device)
 
 
 def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) -> Path:
     root = Path(params.paths.checkpoint_root).resolve()
     return root / f"iteration-{params.iteration}-{stage}-{stage_fingerprint}"
-
-
-def planned_steps(settings: TrainingConfig, block_size: int, runtime: dict, train_tokens: int) -> int:
-    """Optimizer steps a run will take: epochs over the examples, capped by max_steps."""
-    examples = train_tokens // (block_size + 1)
-    if settings.training_examples is not None:
-        examples = min(examples, settings.training_examples)
-    per_epoch = examples // (runtime["batch_size"] * runtime["grad_accum_steps"])
-    steps = per_epoch * settings.epochs
-    return min(steps, settings.max_steps) if settings.max_steps else steps
 
 
 def full_refusal(params: PipelineParams, device: dict) -> str | None:
@@ -118,7 +110,7 @@ def full_refusal(params: PipelineParams, device: dict) -> str | None:
 
 def _train(
     params: PipelineParams,
-    settings: TrainingConfig,
+    stage: str,
     tokens: dict,
     device: dict,
     directory: Path,
@@ -130,7 +122,6 @@ def _train(
     from gptcore.trainer import TrainJob, train
     from tasks.tracking import training_metadata
 
-    stage = "smoke" if settings is params.smoke else "full"
     job = TrainJob.from_params(
         params,
         stage,
@@ -153,27 +144,30 @@ def _headline(summary: dict[str, Any]) -> dict[str, Any]:
 def smoke_task(
     fingerprint: str, params: PipelineParams, tokens: dict, device: dict, run_context: dict
 ) -> dict[str, Any]:
-    """A bounded run that gates full training: finite, falling loss; memory that fits."""
+    """The full run's first steps, bounded, gating full training: finite losses, train loss falling,
+    validation loss not rising and below the uniform guess, memory that fits."""
     directory = run_directory(params, "smoke", fingerprint)
     progress = PrefectProgress(f"smoke-iteration-{params.iteration}", params.smoke.max_steps or 1)
     callbacks = [progress, *run_context.get("callbacks", [])]
-    summary = _train(params, params.smoke, tokens, device, directory, callbacks, resume=False)
+    summary = _train(params, "smoke", tokens, device, directory, callbacks, resume=False)
     gate = judge(
         progress.losses,
         progress.val_losses,
         int(summary.get("peak_memory_bytes", 0)),
         memory_limit(device["device"]),
+        params.model.architecture.vocab_size,
     )
-    full_steps = planned_steps(
-        params.full,
-        params.model.architecture.block_size,
-        device["runtime"],
-        tokens["tokens"]["files"]["train"]["tokens"],
-    )
+    startup = progress.startup
+    full_steps = int(startup["schedule_steps"])  # the trainer's count for the full run on this data
     estimate = estimate_full_seconds(full_steps, float(summary.get("steps_per_second", 0.0)))
+    optimizer = params.training_section("smoke").optimizer
     record = {
         "fingerprint": fingerprint,
         "gate": gate.to_dict(),
+        "optimizer": {"source": params.smoke_optimizer_source, **optimizer.model_dump()},
+        "schedule": {"steps": full_steps, "warmup_steps": startup["warmup_steps"]},
+        "precision": startup["precision"],
+        "val_losses": progress.val_losses,
         "summary": summary,
         "full_planned_steps": full_steps,
         "estimated_full_seconds": estimate,
@@ -181,7 +175,10 @@ def smoke_task(
     record_path = directory / SMOKE_RECORD
     _write_json(record_path, record)
     if not gate.passed:
-        raise TrainingError(f"smoke gate failed ({'; '.join(gate.reasons())}); record: {record_path}")
+        cause = gate.likely_cause(optimizer.learning_rate, startup["precision"])
+        raise TrainingError(
+            f"smoke gate failed: {'; '.join(gate.reasons())}; likely cause: {cause}; record: {record_path}"
+        )
     return {
         **record,
         FILES_KEY: {str(record_path): sha256_file(record_path)},
@@ -190,6 +187,9 @@ def smoke_task(
             **_headline(summary),
             "first_train_loss": gate.first_train_loss,
             "last_train_loss": gate.last_train_loss,
+            "first_val_loss": gate.first_val_loss,
+            "last_val_loss": gate.last_val_loss,
+            "optimizer_source": params.smoke_optimizer_source,
             "full_planned_steps": full_steps,
             "estimated_full_seconds": round(estimate, 1) if math.isfinite(estimate) else None,
         },
@@ -199,8 +199,10 @@ def smoke_task(
 def announce_smoke(manifest: dict[str, Any]) -> None:
     figures = manifest.get("figures", {})
     announce(
-        f"smoke: {figures.get('tokens_per_second', 0):.0f} tokens/s measured; loss "
-        f"{figures.get('first_train_loss', math.nan):.3f} -> {figures.get('last_train_loss', math.nan):.3f}; "
+        f"smoke: {figures.get('tokens_per_second', 0):.0f} tokens/s measured; train loss "
+        f"{figures.get('first_train_loss', math.nan):.3f} -> {figures.get('last_train_loss', math.nan):.3f}, "
+        f"validation {figures.get('first_val_loss', math.nan):.3f} -> "
+        f"{figures.get('last_val_loss', math.nan):.3f}; "
         f"full run of {figures.get('full_planned_steps')} steps estimated at "
         f"{figures.get('estimated_full_seconds')} s"
     )
@@ -226,9 +228,7 @@ def full_task(
     if nproc > 1:  # torchrun ranks in subprocesses, their lines streamed and replayed into the callbacks
         summary = train_launched(params, "full", tokens, directory, callbacks, resume_from is not None, nproc)
     else:
-        summary = _train(
-            params, params.full, tokens, device, directory, callbacks, resume=resume_from is not None
-        )
+        summary = _train(params, "full", tokens, device, directory, callbacks, resume=resume_from is not None)
     summary["start_step"] = progress.start_step
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gptcore.config import STAGES, load_params
+from gptcore.errors import TrainingError
 from tasks.caching import file_record, stale_outputs
 from tasks.smoke_gate import judge
 from tasks.training_stages import full_refusal
@@ -214,6 +215,28 @@ def test_killed_full_training_resumes_from_its_latest_checkpoint(
     assert full["figures"]["steps"] == full["figures"]["planned_steps"]
 
 
+@pytest.mark.slow
+def test_a_smoke_that_diverges_on_validation_stops_the_pipeline_before_full_training(
+    tmp_path: Path, prefect_env: dict[str, str]
+) -> None:
+    write_corpus(tmp_path, seed=3)
+    params = str(write_params(tmp_path))
+    absurd = ["--set", "smoke.optimizer.learning_rate=0.5", "--set", "smoke.optimizer.warmup_steps=1"]
+    result = gptpipe(prefect_env, "--params", params, *absurd, check=False)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert errors[0].startswith("error: smoke gate failed: ") and "validation loss rose" in errors[0]
+    assert "likely cause: the learning rate (peak 0.5) is likely too high" in errors[0]
+    assert {k: v for k, v in states(result).items() if k in ("smoke", "full")} == {
+        "smoke": "failed",
+        "full": "skipped",
+    }
+    record = json.loads(next((tmp_path / "checkpoints").glob("*-smoke-*/smoke.json")).read_text())
+    assert not record["gate"]["passed"] and record["optimizer"]["source"] == "smoke"
+    assert record["val_losses"][-1] > record["val_losses"][0]
+
+
 def _wait_for(find, seconds: float):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -262,10 +285,25 @@ def test_cached_outputs_are_checked_by_content(tmp_path: Path) -> None:
 
 
 def test_smoke_gate_needs_finite_falling_loss_that_fits() -> None:
-    assert judge([5.0, 4.0], [4.5], peak_memory=10, memory_limit=100).passed
-    assert not judge([5.0, 5.5], [4.5], 10, 100).falling
-    assert not judge([5.0, float("nan")], [4.5], 10, 100).finite
-    assert not judge([5.0, 4.0], [4.5], 200, 100).fits
+    vocab = 300  # ln(300) = 5.70
+    assert judge([5.0, 4.0], [5.8, 4.5], peak_memory=10, memory_limit=100, vocab_size=vocab).passed
+    assert not judge([5.0, 5.5], [5.8, 4.5], 10, 100, vocab).falling
+    assert not judge([5.0, float("nan")], [5.8, 4.5], 10, 100, vocab).finite
+    assert not judge([5.0, 4.0], [5.8, 4.5], 200, 100, vocab).fits
+
+
+def test_smoke_gate_reads_validation_from_the_start_to_the_end() -> None:
+    vocab = 300
+    # The untrained model starts just above ln(V); that first evaluation is the baseline, not judged.
+    assert judge([5.9, 5.0], [5.75, 5.78], 10, 100, vocab).passed  # within the tolerance
+    rising = judge([5.9, 5.0], [5.2, 4.0, 5.6], 10, 100, vocab)
+    assert rising.falling and not rising.val_not_rising and rising.below_uniform
+    above = judge([5.9, 5.0], [5.8, 6.5, 5.1], 10, 100, vocab)
+    assert above.val_not_rising and not above.below_uniform and above.worst_val_loss == 6.5
+    assert "above the uniform guess 5.7038 = ln(vocabulary)" in above.reasons()[0]
+    assert "learning rate (peak 0.05)" in above.likely_cause(0.05, "bf16")
+    with pytest.raises(TrainingError, match="needs one at the start and one at the end"):
+        judge([5.9, 5.0], [5.0], 10, 100, vocab)
 
 
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:
