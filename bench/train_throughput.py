@@ -43,8 +43,8 @@ import torch
 
 from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig, load_profile
-from gptcore.measure import FLOP_FORMULA, SQUARE, Shape, flops_per_token, model_matmul_shapes
 from gptcore.model import GPT
+from gptcore.performance import FLOP_FORMULA, SQUARE, Shape, flops_per_token, model_matmul_shapes
 from gptcore.synthetic import synthetic_stream
 from gptcore.trainer import TrainJob, train
 

@@ -1,8 +1,10 @@
 """`gptpipe`: the command line, a thin door onto flows and gptcore.
 
-Each subcommand lives in its own module and imports heavy libraries (torch, Prefect, MLflow) only when
-it runs, so `gptpipe --help` and bad flags answer quickly. Every failure a user can act on comes out as
-one line on stderr and a non-zero exit, never a traceback.
+The commands are plain functions in `cli_pipeline.py` (run), `cli_train.py` (device, train, generate)
+and `cli_tracking.py` (ui, compare), registered here and nowhere else; what several take alike (the
+parameter file, choices from the config's types) is in `cli_options.py`. They import heavy libraries
+(torch, Prefect, MLflow) only when they run, so `gptpipe --help` and bad flags answer quickly. Every
+failure a user can act on comes out as one line on stderr and a non-zero exit, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 import click
 import typer
 
-from flows.startup import freeze_before_exit
+from flows.gc_tuning import freeze_before_exit
 from gptcore.errors import GptpipeError, missing_dependency
 from gptcore.host_memory import tune_malloc
 
@@ -37,8 +39,22 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    # Imported for their side effect of adding commands to `app`.
-    from flows import cli_pipeline, cli_tracking, cli_train  # noqa: F401
+    """Every command, in the order `--help` lists them; each module defines plain functions."""
+    if app.registered_commands:
+        return
+    from flows.cli_pipeline import run
+    from flows.cli_tracking import compare_command, ui_command
+    from flows.cli_train import device_command, generate_command, train_command
+
+    for name, command in (
+        ("run", run),
+        ("device", device_command),
+        ("train", train_command),
+        ("generate", generate_command),
+        ("ui", ui_command),
+        ("compare", compare_command),
+    ):
+        app.command(name)(command)
 
 
 def _usage_line(error: Exception) -> str:
@@ -96,8 +112,4 @@ def entry() -> None:
 
 
 if __name__ == "__main__":
-    # Run as `python -m flows.cli`, this file is `__main__`; the subcommand modules register on the
-    # importable `flows.cli.app`, so go through that module.
-    from flows.cli import entry as importable_entry
-
-    importable_entry()
+    entry()

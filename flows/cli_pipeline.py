@@ -6,22 +6,10 @@ from pathlib import Path
 
 import typer
 
-from flows.cli import app
+from flows.cli_options import choice, resolve_params
 from gptcore.config import STAGES
-from gptcore.errors import ConfigError
 
 
-def _params_file(params: Path | None, iteration: int | None) -> Path:
-    from gptcore.config import iteration_file
-
-    if params is not None and iteration is not None:
-        raise ConfigError("--params and --iteration name the parameters twice; give one of them")
-    if params is not None:
-        return params
-    return iteration_file(iteration or 1)
-
-
-@app.command("run")
 def run(
     params: Path | None = typer.Option(None, "--params", help="parameter file (default: iteration 1's)"),
     iteration: int | None = typer.Option(None, "--iteration", help="use params/iteration_N.yaml"),
@@ -29,15 +17,11 @@ def run(
     until: str = typer.Option("full", "--until", help=f"last stage to run: {', '.join(STAGES)}"),
 ) -> None:
     """Run tokenizer → tokens → device → smoke → full, taking unchanged stages from the cache."""
-    from gptcore.config import load_params
+    choice("--until", until, STAGES)
+    params_path, checked = resolve_params(params, iteration, overrides)  # checked before anything starts
 
-    if until not in STAGES:
-        raise ConfigError(f"--until {until!r} is not allowed: expected one of {', '.join(STAGES)}")
-    params_path = _params_file(params, iteration)
-    checked = load_params(params_path, overrides)  # every value checked before anything starts
-
+    from flows.gc_tuning import bulk_imports
     from flows.prefect_env import TemporaryServer, apply_project_settings
-    from flows.startup import bulk_imports
 
     apply_project_settings()
     server = TemporaryServer()

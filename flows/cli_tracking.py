@@ -10,17 +10,9 @@ from typing import Any
 
 import typer
 
-from flows.cli import app
+from flows.cli_options import choice, resolve_params
+from gptcore.config import ConcretePrecision
 from gptcore.errors import ConfigError
-
-
-def _params(params_file: Path | None, iteration: int | None, overrides: list[str]) -> tuple[Path, Any]:
-    from gptcore.config import iteration_file, load_params
-
-    if params_file is not None and iteration is not None:
-        raise ConfigError("--params and --iteration name the parameters twice; give one of them")
-    path = params_file or iteration_file(iteration or 1)
-    return path, load_params(path, overrides)
 
 
 def is_loopback(host: str) -> bool:
@@ -44,7 +36,6 @@ def server_command(target: Any, host: str = "127.0.0.1", port: int = 5000) -> li
     ]  # fmt: skip
 
 
-@app.command("ui")
 def ui_command(
     params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
     iteration: int | None = typer.Option(None, "--iteration", min=1),
@@ -54,7 +45,7 @@ def ui_command(
     """Start the MLflow UI (`mlflow server`) over the tracking store and print its URL."""
     from tasks.tracking_store import redact, resolve_target
 
-    _, params = _params(params_file, iteration, [])
+    _, params = resolve_params(params_file, iteration, [])
     target = resolve_target(params.tracking)
     if not target.is_local:
         print(f"the tracking store is a server already: open {redact(target.uri)}")
@@ -73,7 +64,6 @@ def ui_command(
         )
 
 
-@app.command("compare")
 def compare_command(
     params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
     iteration: int | None = typer.Option(None, "--iteration", min=1),
@@ -98,16 +88,15 @@ def compare_command(
     ),
 ) -> None:
     """Two bounded training runs that differ in one axis, recorded in MLflow; prints the comparison."""
-    path, params = _params(params_file, iteration, list(set_))
+    path, params = resolve_params(params_file, iteration, list(set_))
     chosen = [v.strip() for v in values.split(",")] if values else None
-    if precision is not None and precision not in ("fp32", "bf16", "fp16"):
-        raise ConfigError(f"--precision {precision!r}: expected one of fp32, bf16, fp16")
+    if precision is not None:
+        choice("--precision", precision, ConcretePrecision)
     if train_tokens is not None and not train_tokens.is_file():
         raise ConfigError(f"--train-tokens {train_tokens}: file not found")
     from gptcore.comparison import AXES, Limits, print_comparison
 
-    if axis not in ("auto", *AXES):
-        raise ConfigError(f"--axis {axis!r}: expected one of auto, {', '.join(AXES)}")
+    choice("--axis", axis, ("auto", *AXES))
     if runs is not None and no_track:
         raise ConfigError("--runs reads recorded runs from MLflow; --no-track records none: give one of them")
     if runs is not None:

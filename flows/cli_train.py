@@ -2,7 +2,7 @@
 
 Flags map onto parameter-file keys (`--batch-size` is `runtime.batch_size`, `--max-steps` is
 `<stage>.max_steps`), applied like `--set` overrides so one validation covers both. Torch is imported
-inside the commands only. Progress comes out as JSON lines on stdout (see `gptcore.console`).
+inside the commands only. Progress comes out as JSON lines on stdout (see `gptcore.json_lines`).
 """
 
 from __future__ import annotations
@@ -13,22 +13,12 @@ from typing import Any
 
 import typer
 
-from flows.cli import app
+from flows.cli_options import choice, resolve_params
 from flows.train_launch import launch_spec, nproc_value, relaunch_under_torchrun
+from gptcore.config import Device, Precision, TrainingStage
 from gptcore.errors import ConfigError
 
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-STAGES = ("smoke", "full")
 
-
-def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(allowed)}")
-    return value
-
-
-@app.command("device")
 def device_command(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object instead of a table"),
@@ -36,7 +26,7 @@ def device_command(
     """Verify the environment: torch, CUDA, the device a run takes, bf16, TF32, fused AdamW."""
     from gptcore.runtime import device_report
 
-    report = device_report(_choice("--device", device, DEVICES))
+    report = device_report(choice("--device", device, Device))
     if as_json:
         print(json.dumps(report))
         return
@@ -69,7 +59,7 @@ def training_callbacks(
 ) -> list[Any]:
     """The callbacks `gptpipe train` runs with: JSON lines, and with `track` the MLflow run (the store is
     checked here, so an unreachable tracking server stops the command before any training)."""
-    from gptcore.console import JsonLinesCallback
+    from gptcore.json_lines import JsonLinesCallback
 
     callbacks: list[Any] = [JsonLinesCallback()]
     if track:
@@ -122,7 +112,6 @@ def preflight_inputs(
         check_tokenizer(tokenizer, vocab, tuple(streams))
 
 
-@app.command("train")
 def train_command(
     ctx: typer.Context,
     iteration: int | None = typer.Option(None, "--iteration", min=1, help="params/iteration_N.yaml"),
@@ -160,16 +149,10 @@ def train_command(
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="job id shared by the nodes"),
 ) -> None:
     """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last."""
-    from gptcore.config import iteration_file, load_params
-
-    if iteration is not None and params_file is not None:
-        raise ConfigError("--iteration and --params: give one of them, not both")
-    _choice("--stage", stage, STAGES)
-    if device is not None:
-        _choice("--device", device, DEVICES)
-    if precision is not None:
-        _choice("--precision", precision, PRECISIONS)
-    path = params_file or iteration_file(iteration or 1)
+    choice("--stage", stage, TrainingStage)
+    for flag, value, allowed in (("--device", device, Device), ("--precision", precision, Precision)):
+        if value is not None:
+            choice(flag, value, allowed)
     flags = dict(
         device=device,
         precision=precision,
@@ -186,37 +169,59 @@ def train_command(
         checkpoint_every=checkpoint_every,
         nproc=nproc_value(nproc),
     )
-    params = load_params(path, [*set_, *parameter_overrides(stage, flags)])
+    path, params = resolve_params(params_file, iteration, [*set_, *parameter_overrides(stage, flags)])
     preflight_inputs(params, train_tokens, validation_tokens, tokenizer)
     launch = dict(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
     spec = launch_spec(params, {**launch, "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id})
     if spec is not None:  # several processes: this one launches them and watches
         raise typer.Exit(relaunch_under_torchrun(spec, ctx))
+    sources = _token_sources(params, stage, train_tokens, validation_tokens, synthetic)
+    if sources[0] is None and not dry_run:
+        raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
+    train_in_process(
+        params,
+        path,
+        stage,
+        sources,
+        checkpoint_directory=checkpoint_directory,
+        tokenizer=tokenizer,
+        resume=resume,
+        dry_run=dry_run,
+        track=not (no_track or dry_run),
+    )
+
+
+def train_in_process(
+    params: Any,
+    path: Path,
+    stage: str,
+    sources: tuple[Any, Any],
+    *,
+    checkpoint_directory: Path | None,
+    tokenizer: Path | None,
+    resume: bool,
+    dry_run: bool,
+    track: bool,
+) -> None:
+    """One rank of the training (the only one outside torchrun): JSON lines and, when `track`, the MLflow
+    run on the main rank; the MLflow run id travels in every checkpoint."""
+    from gptcore.callbacks import CallbackList
     from gptcore.distributed import process_group
     from gptcore.runtime import resolve_device
     from gptcore.trainer import TrainJob, train
+    from tasks.tracking import training_metadata
 
     with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
-        train_source, validation_source = _token_sources(
-            params, stage, train_tokens, validation_tokens, synthetic
-        )
-        if train_source is None and not dry_run:
-            raise ConfigError(
-                "--train-tokens: a training token file is required (or --synthetic, or --dry-run)"
-            )
-        directory = checkpoint_directory or Path(params.paths.checkpoint_root) / f"{Path(path).stem}-{stage}"
-        from tasks.tracking import training_metadata
-
         run_name = f"{Path(path).stem}-{stage}"
-        track = not (no_track or dry_run) and world.is_main
+        directory = checkpoint_directory or Path(params.paths.checkpoint_root) / run_name
         callbacks = training_callbacks(params, stage, run_name, track, Path(path)) if world.is_main else []
-        metadata = training_metadata(callbacks)  # the MLflow run id travels in every checkpoint
+        metadata = training_metadata(callbacks)  # live: the MLflow run id lands in it when the run opens
         metadata.update({"params_file": str(path), "stage": stage})
         job = TrainJob.from_params(
             params,
             stage,
-            train_tokens=train_source,
-            validation_tokens=validation_source,
+            train_tokens=sources[0],
+            validation_tokens=sources[1],
             checkpoint_directory=directory,
             resume=resume,
             dry_run=dry_run,
@@ -225,12 +230,9 @@ def train_command(
             world_size=world.world_size,
             rank=world.rank,
         )
-        from gptcore.callbacks import CallbackList
-
         train(job, CallbackList(callbacks))
 
 
-@app.command("generate")
 def generate_command(
     checkpoint_directory: Path = typer.Option(..., "--checkpoint-directory"),
     prompt: str = typer.Option(..., "--prompt"),

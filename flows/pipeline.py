@@ -11,11 +11,11 @@ from pathlib import Path
 from prefect import flow
 from prefect.runtime import flow_run
 
+from flows.cli_options import choice
 from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
 from gptcore.config import STAGES, load_params
-from gptcore.errors import ConfigError
-from tasks import stages
+from tasks import pipeline_stages as stages
 from tasks.tracking import PipelineRecorder
 
 DEFAULT_PARAMS = "params/iteration_1.yaml"
@@ -27,8 +27,7 @@ def end_to_end(
 ) -> dict:
     """Corpus to trained checkpoint for one parameter file, redoing only what changed."""
     hide_user_error_tracebacks()
-    if until not in STAGES:
-        raise ConfigError(f"--until {until!r} is not allowed: expected one of {', '.join(STAGES)}")
+    choice("--until", until, STAGES)
     params = load_params(params_path, list(overrides or []))
     report = PipelineReport(until, title=f"gptpipe iteration {params.iteration}: {Path(params_path).name}")
     tracking = PipelineRecorder.start(params, Path(params_path), flow_run_id=str(flow_run.get_id() or ""))

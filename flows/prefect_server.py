@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from flows.startup import bulk_imports
+from flows.gc_tuning import bulk_imports
 
 
 def main() -> None:

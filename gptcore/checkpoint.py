@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptcore.atomic_write import write_atomic
 from gptcore.errors import CheckpointError
 from gptcore.fingerprint import sha256_file
 
@@ -76,21 +77,14 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
+def _write_delay() -> None:
+    delay = os.environ.get(WRITE_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
+
+
 def _atomic_write(target: Path, write: Any) -> None:
-    """`write(handle)` into a temporary sibling, fsync, rename over `target`; no partial file remains."""
-    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        delay = os.environ.get(WRITE_DELAY_ENV)
-        if delay:
-            time.sleep(float(delay))
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_atomic(target, write, before_rename=_write_delay)
 
 
 def _write_json(target: Path, value: Any) -> None:

@@ -21,8 +21,8 @@ PROFILES_DIR = PARAMS_DIR / "profiles"
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 ConcretePrecision = Literal["fp32", "bf16", "fp16"]
+TrainingStage = Literal["smoke", "full"]
 STAGES = ("tokenizer", "tokens", "device", "smoke", "full")
-Stage = Literal["tokenizer", "tokens", "device", "smoke", "full"]
 
 
 class Strict(BaseModel):
@@ -198,7 +198,7 @@ class PipelineParams(Strict):
             )
         return self
 
-    def training_section(self, stage: Literal["smoke", "full"]) -> TrainingConfig:
+    def training_section(self, stage: TrainingStage) -> TrainingConfig:
         """The settings a stage trains with: the smoke section takes the full section's optimizer unless
         it names its own (`smoke_optimizer_source`)."""
         if stage == "full":

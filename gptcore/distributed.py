@@ -19,13 +19,11 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from gptcore.callbacks import TrainingCallback
 from gptcore.errors import ConfigError
 from gptcore.launch import under_torchrun
 
@@ -147,23 +145,6 @@ def leave_rank(code: int) -> None:
     os._exit(code)
 
 
-def current_world() -> World:
-    """The world of the initialised process group (ranks from the group, local ones from the env)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return SINGLE
-    local = world_from_env()
-    return World(dist.get_rank(), local.local_rank, dist.get_world_size(), local.local_world_size)
-
-
-def is_main_process() -> bool:
-    return current_world().is_main
-
-
-def rank_zero_only(callback: TrainingCallback, world: World | None = None) -> TrainingCallback:
-    """The callback on rank 0; a silent one elsewhere, so one job prints, logs and tracks once."""
-    return callback if (world or current_world()).is_main else TrainingCallback()
-
-
 # --- collectives that are no-ops in a world of one ---------------------------------------------------
 
 
@@ -262,8 +243,3 @@ def rank_range(count: int, world_size: int, rank: int) -> range:
     base, extra = divmod(count, world_size)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
-
-
-def describe(world: World) -> dict[str, Any]:
-    """The startup-line fields of the world."""
-    return {"world_size": world.world_size, "rank": world.rank, "local_world_size": world.local_world_size}

@@ -30,7 +30,8 @@ def _describe(holder: dict[str, Any]) -> str:
     return f"PID {holder.get('pid', '?')} on {holder.get('host', '?')}, started {started}"
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of that id exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -95,7 +96,7 @@ class RunLock:
         self.took_over = previous
         state = "no longer running"
         same_host = previous.get("host") == socket.gethostname()
-        if same_host and isinstance(previous.get("pid"), int) and _process_alive(previous["pid"]):
+        if same_host and isinstance(previous.get("pid"), int) and process_alive(previous["pid"]):
             state = "not holding its lock (its PID is in use again)"
         log.warning(
             "warning: %s: taking over the run lock left by %s, which is %s",

@@ -16,24 +16,16 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from gptcore.run_lock import process_alive
+
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:partial|stale)-(?P<pid>\d+)-")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_abandoned(parent: Path, name: str) -> None:
     """Delete partial or stale copies of `name` whose writing process is gone."""
     for child in parent.glob(f".{name}.*"):
         match = _LEFTOVER.match(child.name)
-        if match and match["name"] == name and not _alive(int(match["pid"])):
+        if match and match["name"] == name and not process_alive(int(match["pid"])):
             shutil.rmtree(child, ignore_errors=True)
 
 

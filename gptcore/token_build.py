@@ -46,7 +46,9 @@ VERIFY_MAX_CHARACTERS = 1 << 16
 
 
 @dataclass(frozen=True)
-class TokenFile:
+class SplitTokens:
+    """One split's token file in the folder: where it is, its hash and its counts."""
+
     split: str
     path: str
     manifest_path: str
@@ -56,7 +58,10 @@ class TokenFile:
 
 
 @dataclass(frozen=True)
-class TokenFilesManifest:
+class TokenFolderManifest:
+    """The token folder's `manifest.json`: how it was built and its splits (each file also has its own
+    `TokenFileManifest` beside it, which readers of a single file use)."""
+
     fingerprint: str
     corpus_fingerprint: str
     tokenizer_fingerprint: str
@@ -67,7 +72,7 @@ class TokenFilesManifest:
     end_of_text_id: int
     encoder: str
     verified_documents: int
-    files: dict[str, TokenFile]
+    files: dict[str, SplitTokens]
     seconds: float
     tokens_per_second: float
     fallback_reason: str | None = None
@@ -75,19 +80,19 @@ class TokenFilesManifest:
     code_version: str = field(default="")
 
     @property
-    def train(self) -> TokenFile:
+    def train(self) -> SplitTokens:
         return self.files["train"]
 
     @property
-    def validation(self) -> TokenFile:
+    def validation(self) -> SplitTokens:
         return self.files["validation"]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TokenFilesManifest:
-        files = {name: TokenFile(**value) for name, value in data["files"].items()}
+    def from_dict(cls, data: dict[str, Any]) -> TokenFolderManifest:
+        files = {name: SplitTokens(**value) for name, value in data["files"].items()}
         return cls(**{**data, "files": files})
 
 
@@ -244,7 +249,7 @@ def build_token_files(
     *,
     encoder: str = "auto",
     verify_fraction: float = VERIFY_FRACTION,
-) -> TokenFilesManifest:
+) -> TokenFolderManifest:
     """Encode both splits into `<data_root>/tokens/<fingerprint>/`; the folder appears only when complete.
 
     `encoder`: `auto` (tiktoken where it reproduces the tokenizer, else `encode_batch_fast`),
@@ -308,9 +313,9 @@ def _folder_manifest(
     written: dict[str, _Written],
     seconds: float,
     fallback: str | None,
-) -> TokenFilesManifest:
+) -> TokenFolderManifest:
     files = {
-        split: TokenFile(
+        split: SplitTokens(
             split=split,
             path=str(final / f"{split}.bin"),
             manifest_path=str(manifest_path(final / f"{split}.bin")),
@@ -321,7 +326,7 @@ def _folder_manifest(
         for split, result in written.items()
     }
     total = sum(result.tokens for result in written.values())
-    return TokenFilesManifest(
+    return TokenFolderManifest(
         fingerprint=key,
         corpus_fingerprint=corpus.fingerprint,
         tokenizer_fingerprint=tokenizer.fingerprint,
@@ -341,7 +346,7 @@ def _folder_manifest(
 
 
 def _write_file_manifests(
-    staging: Path, corpus: Corpus, tokenizer: TokenizerManifest, manifest: TokenFilesManifest
+    staging: Path, corpus: Corpus, tokenizer: TokenizerManifest, manifest: TokenFolderManifest
 ) -> None:
     for split, token_file in manifest.files.items():
         write_manifest(
@@ -361,10 +366,10 @@ def _write_file_manifests(
     (staging / FOLDER_MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2), encoding="utf-8")
 
 
-def read_token_files_manifest(folder: Path) -> TokenFilesManifest:
+def read_token_folder_manifest(folder: Path) -> TokenFolderManifest:
     path = Path(folder) / FOLDER_MANIFEST
     try:
-        return TokenFilesManifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return TokenFolderManifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise DataError(f"{path}: token-files manifest not found") from None
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as error:

@@ -8,12 +8,12 @@ format version. The reader also takes bare `.bin` streams (uint16) and `.pt` fil
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from gptcore.atomic_write import write_text_atomic
 from gptcore.errors import DataError
 
 FORMAT_VERSION = 1
@@ -48,11 +48,7 @@ def manifest_path(tokens_path: str | Path) -> Path:
 
 def write_manifest(tokens_path: str | Path, manifest: TokenFileManifest) -> Path:
     """Atomically: a reader never sees a half-written manifest."""
-    target = manifest_path(tokens_path)
-    temporary = target.with_name(target.name + ".tmp")
-    temporary.write_text(manifest.to_json(), encoding="utf-8")
-    os.replace(temporary, target)
-    return target
+    return write_text_atomic(manifest_path(tokens_path), manifest.to_json())
 
 
 def read_manifest(tokens_path: str | Path) -> TokenFileManifest | None:

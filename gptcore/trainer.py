@@ -1,6 +1,6 @@
 """The trainer: one `TrainJob` in, a summary dict out, progress through `TrainingCallback`s.
 
-The trainer prints nothing: the CLI installs `gptcore.console.JsonLinesCallback` for its JSON lines, the
+The trainer prints nothing: the CLI installs `gptcore.json_lines.JsonLinesCallback` for its JSON lines, the
 pipeline its MLflow adapter. Host synchronisation (`.item()`) happens only at log intervals,
 evaluations and checkpoints, so CUDA keeps its queue full between them.
 
@@ -27,14 +27,17 @@ import numpy as np
 import torch
 
 from gptcore import checkpoint as ckpt
+from gptcore.batches import BatchLoader, ExampleSet, StepPlan, epoch_order, open_examples
 from gptcore.callbacks import TrainingCallback
+from gptcore.checkpointer import Checkpointer
 from gptcore.config import ModelConfig, PipelineParams, RuntimeConfig, TrainingConfig
-from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, grad_scaler, rank_range
+from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, grad_scaler
 from gptcore.errors import CheckpointError, ConfigError, DataError, GptpipeError, TrainingError
-from gptcore.examples import BatchLoader, ExampleSet, StepPlan, epoch_order, open_examples, unigram_loss
+from gptcore.evaluation import Evaluator
 from gptcore.fingerprint import code_version, fingerprint
 from gptcore.guards import DivergenceGuard, NonFiniteGuard
-from gptcore.measure import (
+from gptcore.model import GPT, optimizer_groups
+from gptcore.performance import (
     FLOP_FORMULA,
     Throughput,
     estimate_memory,
@@ -45,11 +48,10 @@ from gptcore.measure import (
     peak_memory_bytes,
     reset_peak_memory,
 )
-from gptcore.model import GPT, optimizer_groups
-from gptcore.run_lock import RunLock
 from gptcore.runtime import DefaultsSource, Runtime, apply_runtime, device_report, resolve_runtime
 from gptcore.schedule import WarmupCosine
 from gptcore.tokenfile import TokenStream
+from gptcore.train_state import TrainState
 
 TokenSource = Path | TokenStream
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class TrainJob:
     # The run whose learning-rate schedule this one follows (its warmup and length); None: its own.
     # A smoke run follows the full run's, so its steps are the full run's first steps.
     schedule: TrainingConfig | None = None
+    schedule_world_size: int | None = None  # the ranks that run trains on; None: this run's
 
     @classmethod
     def from_params(cls, params: PipelineParams, stage: str = "full", **fields: Any) -> TrainJob:
@@ -89,8 +92,16 @@ class TrainJob:
             training=params.training_section("smoke" if stage == "smoke" else "full"),
             device_defaults=params.defaults_for,
             schedule=params.full if stage == "smoke" else None,
+            schedule_world_size=_full_world_size(params) if stage == "smoke" else None,
             **fields,
         )
+
+
+def _full_world_size(params: PipelineParams) -> int:
+    """The processes full training runs on (`runtime.nproc`, `auto` resolved on this machine)."""
+    from gptcore.launch import resolve_nproc
+
+    return resolve_nproc(params.runtime.nproc, params.runtime.device)
 
 
 def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> dict[str, Any]:
@@ -167,27 +178,47 @@ def accumulate_gradients(
 
 
 class _Run:
+    """One training run: its components built from the job, then `execute`. Each component decides
+    when it acts: the evaluator when an evaluation is due, the checkpointer when a checkpoint is, the
+    guards when a run must stop; the loop (`train_steps`) only asks them."""
+
     def __init__(self, job: TrainJob, events: TrainingCallback) -> None:
         self.job = job
         self.events = events
-        self.training = job.training
+        self.training = t = job.training
         self.runtime: Runtime = resolve_runtime(job.runtime, _defaults_source(job))
         apply_runtime(self.runtime)
         self.plan = StepPlan(self.runtime.batch_size, self.runtime.grad_accum_steps, job.world_size, job.rank)
         self.train_set, self.val_set = self._open_data()
-        self._seed(self.training.seed)
+        self._seed(t.seed)
         self.model = GPT(job.model).to(self.runtime.device)
         self.ddp = self._data_parallel()
         replica = self.ddp or self.model
         self.forward = torch.compile(replica) if self.runtime.compile else replica
         self.optimizer = self._optimizer()
-        self.planned_steps = self._planned_steps(self.training)
-        self.schedule = self._schedule(job.schedule or self.training)
+        self.planned_steps = self._planned_steps(t, self.plan)
+        self.schedule = self._schedule(job.schedule or t, job.schedule_world_size)
         self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
+        self.state = TrainState(self.plan.steps_per_epoch(self.train_set.count) if self.train_set else 1)
+        self.checkpointer = Checkpointer(
+            job.checkpoint_directory,
+            t.checkpoint_every,
+            t.keep_last,
+            writes=job.rank == 0 and not job.dry_run,
+        )
+        self.evaluator = Evaluator(
+            self.val_set,
+            self.train_set,
+            self.runtime,
+            t.eval_every,
+            t.eval_at_start,
+            job.world_size,
+            job.rank,
+        )
         self.guard = NonFiniteGuard(
             self.runtime.precision,
             self.scaler.is_enabled(),
-            self.training.max_skipped_steps,
+            t.max_skipped_steps,
             immediate=self.runtime.device != "cuda",  # on CUDA read one step late, keeping the queue full
             agree=all_reduce_sum,
         )
@@ -201,15 +232,11 @@ class _Run:
         )
         self.config = self._resume_config()
         self.fingerprint = fingerprint(self.config)
-        self.step = 0
-        self.best_val_loss: float | None = None
         self.resumed_from: Path | None = None
-        self.save_seconds = 0.0
-        self.saved: dict[str, str] = {}
         self.last_train_loss: float | None = None
-        self.last_val_loss: float | None = None
-        self.unigram: float | None = None
         self.tokens_per_step = self.plan.global_batch * job.model.block_size
+        self.meter = Throughput(self.tokens_per_step)
+        self._measure()
 
     # --- setup ------------------------------------------------------------------------------------
 
@@ -268,20 +295,39 @@ class _Run:
             foreach=None if self.runtime.fused_adamw else True,
         )
 
-    def _planned_steps(self, section: TrainingConfig) -> int | None:
-        """Optimizer steps a run of `section` takes over this data: its epochs, capped by max_steps."""
+    def _planned_steps(self, section: TrainingConfig, plan: StepPlan) -> int | None:
+        """Optimizer steps a run of `section` takes over this data with `plan`'s global batch: its
+        epochs, capped by max_steps."""
         cap = section.max_steps
         if self.train_set is None:
             return cap
-        per_epoch = self.plan.steps_per_epoch(self.train_set.count_within(section.training_examples))
+        per_epoch = plan.steps_per_epoch(self.train_set.count_within(section.training_examples))
         return min(per_epoch * section.epochs, cap or per_epoch * section.epochs)
 
-    def _schedule(self, section: TrainingConfig) -> WarmupCosine:
+    def _schedule(self, section: TrainingConfig, world_size: int | None) -> WarmupCosine:
         """Warmup then cosine decay over the planned steps of `section` (this run's, or the run it is the
-        first steps of), at this run's optimizer's rates."""
-        opt, total = self.training.optimizer, self._planned_steps(section) or 1
+        first steps of, on its `world_size` ranks), at this run's optimizer's rates."""
+        plan = self.plan
+        if world_size is not None:
+            plan = StepPlan(plan.batch_size, plan.grad_accum_steps, world_size, 0)
+        opt, total = self.training.optimizer, self._planned_steps(section, plan) or 1
         warmup = min(opt.warmup_steps, max(0, total - 1))
         return WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
+
+    def _measure(self) -> None:
+        """FLOPs per token, the peak they are measured against, and the memory estimate."""
+        cfg, runtime = self.job.model, self.runtime
+        self.flops_token = flops_per_token(cfg, self.model.matmul_parameter_count())
+        shapes = model_matmul_shapes(cfg, runtime.batch_size * cfg.block_size)
+        self.peak, self.peak_source = peak_flops(
+            runtime.device, runtime.precision, runtime.tf32_enabled, shapes, seconds=0.1
+        )
+        if self.job.world_size > 1:  # tokens/s are the whole job's: divide by every rank's peak
+            self.peak *= self.job.world_size
+            self.peak_source = f"{self.peak_source} x {self.job.world_size} ranks"
+        self.estimate = estimate_memory(
+            cfg, self.model.parameter_count(), runtime.batch_size, runtime.precision
+        )
 
     def _resume_config(self) -> dict[str, Any]:
         """What determines the training trajectory: a resume must match it exactly. Per-device batch
@@ -309,17 +355,6 @@ class _Run:
     def startup_record(self) -> dict[str, Any]:
         cfg, runtime = self.job.model, self.runtime
         report = device_report(runtime.device)
-        estimate = estimate_memory(cfg, self.model.parameter_count(), runtime.batch_size, runtime.precision)
-        self.flops_token = flops_per_token(cfg, self.model.matmul_parameter_count())
-        shapes = model_matmul_shapes(cfg, runtime.batch_size * cfg.block_size)
-        self.peak, self.peak_source = peak_flops(
-            runtime.device, runtime.precision, runtime.tf32_enabled, shapes, seconds=0.1
-        )
-        if self.job.world_size > 1:  # tokens/s are the whole job's: divide by every rank's peak
-            self.peak *= self.job.world_size
-            self.peak_source = f"{self.peak_source} x {self.job.world_size} ranks"
-        self.estimate = estimate
-        per_epoch = self.plan.steps_per_epoch(self.train_set.count) if self.train_set else None
         return {
             "event": "startup",
             **{k: report[k] for k in ("processor", "gpu_name", "gpu_memory_bytes", "torch_version")},
@@ -337,9 +372,9 @@ class _Run:
             "planned_tokens": self.planned_steps * self.tokens_per_step if self.planned_steps else None,
             "train_examples": self.train_set.count if self.train_set else None,
             "validation_examples": self.val_set.count if self.val_set else None,
-            "steps_per_epoch": per_epoch,
-            "estimated_peak_memory_bytes": estimate["total"],
-            "estimated_memory": estimate,
+            "steps_per_epoch": self.state.steps_per_epoch if self.train_set else None,
+            "estimated_peak_memory_bytes": self.estimate["total"],
+            "estimated_memory": self.estimate,
             "flops_per_token": self.flops_token,
             "flop_formula": FLOP_FORMULA,
             "peak_flops": self.peak,
@@ -350,19 +385,21 @@ class _Run:
             "world_size": self.job.world_size,
             "per_rank_batch_size": self.plan.batch_size,
             "global_batch": self.plan.global_batch,
-            "start_step": self.step,
+            "start_step": self.state.step,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "fingerprint": self.fingerprint,
             "dry_run": self.job.dry_run,
         }
 
-    def summary(self, meter: Throughput | None, started: float) -> dict[str, Any]:
-        steps_per_second = meter.steps_per_second if meter else 0.0
-        tokens_per_second = meter.tokens_per_second if meter else 0.0
+    def summary(self, started: float) -> dict[str, Any]:
+        trained = not self.job.dry_run
+        steps_per_second = self.meter.steps_per_second if trained else 0.0
+        tokens_per_second = self.meter.tokens_per_second if trained else 0.0
         planned = self.planned_steps or 0
+        saved = self.checkpointer.saved
         return {
             "event": "summary",
-            "steps": self.step,
+            "steps": self.state.step,
             "planned_steps": self.planned_steps,
             "tokens_per_second": tokens_per_second,
             "steps_per_second": steps_per_second,
@@ -371,22 +408,22 @@ class _Run:
             "peak_memory_bytes": peak_memory_bytes(self.runtime.device),
             "estimated_peak_memory_bytes": self.estimate["total"],
             "final_train_loss": self.last_train_loss,
-            "final_val_loss": self.last_val_loss,
-            "best_val_loss": self.best_val_loss,
-            "unigram_val_loss": self.unigram,
+            "final_val_loss": self.evaluator.last_val_loss,
+            "best_val_loss": self.state.best_val_loss,
+            "unigram_val_loss": self.evaluator.unigram,
             "elapsed_seconds": time.perf_counter() - started,
             "estimated_total_seconds": planned / steps_per_second if steps_per_second > 0 else None,
-            "checkpoint_save_seconds": self.save_seconds,
-            "final_checkpoint": self.saved.get("final"),
-            "best_checkpoint": self.saved.get("best"),
-            "latest_checkpoint": self.saved.get("latest"),
+            "checkpoint_save_seconds": self.checkpointer.seconds,
+            "final_checkpoint": saved.get("final"),
+            "best_checkpoint": saved.get("best"),
+            "latest_checkpoint": saved.get("latest"),
             "dry_run": self.job.dry_run,
         }
 
     # --- resume and checkpoints -------------------------------------------------------------------
 
     def restore(self) -> None:
-        found = ckpt.load_latest_valid(self.job.checkpoint_directory)
+        found = self.checkpointer.newest_loadable()
         if found is None:
             log.warning(
                 "warning: --resume: no checkpoint in %s yet; starting from step 0",
@@ -404,26 +441,21 @@ class _Run:
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         ckpt.restore_rng(state["rng"])
-        self.step = agree_on_int(int(state["step"]), "the resume step", self.runtime.device)
-        self.best_val_loss = state["best_val_loss"]
+        self.state.load_state_dict(state)
+        self.state.step = agree_on_int(self.state.step, "the resume step", self.runtime.device)
         self.resumed_from = path
 
     def save(self, kind: str) -> None:
-        directory = self.job.checkpoint_directory
-        if directory is None or self.job.rank != 0:
+        """Checkpoint `kind` of the run as it is now: the state to resume from and its JSON record."""
+        if not self.checkpointer.writes:
             return  # replicas are identical: rank 0 writes the one checkpoint
-        per_epoch = self.plan.steps_per_epoch(self.train_set.count)
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "step": self.step,
-            "epoch": self.step // per_epoch,
-            "position": (self.step % per_epoch)
-            * self.plan.global_batch,  # examples of the epoch's order used
+            **self.state.state_dict(),
             "rng": ckpt.capture_rng(),
-            "best_val_loss": self.best_val_loss,
             "fingerprint": self.fingerprint,
         }
         metadata = dict(self.job.metadata)
@@ -431,66 +463,39 @@ class _Run:
             metadata.setdefault("tokenizer", str(Path(self.job.tokenizer).resolve()))
         record = {
             "kind": kind,
-            "step": self.step,
-            "epoch": state["epoch"],
-            "position": state["position"],
+            "step": self.state.step,
+            "epoch": self.state.epoch,
             "fingerprint": self.fingerprint,
             "config": self.config,
             "model_config": self.job.model.model_dump(),
             "metadata": metadata,
             "train_loss": self.last_train_loss,
-            "val_loss": self.last_val_loss,
+            "val_loss": self.evaluator.last_val_loss,
             "code_version": code_version(),
         }
-        name = ckpt.step_name(self.step) if kind == "step" else kind
-        keep = self.training.keep_last if kind == "step" else None
-        path, seconds = ckpt.save_checkpoint(Path(directory), name, state, record, keep)
-        self.save_seconds += seconds
-        self.saved["latest" if kind == "step" else kind] = str(path)
-        if kind != "best":
-            self.guard.last_checkpoint = str(path)
-        self.events.on_checkpoint(path, {"step": self.step, "kind": kind, "seconds": seconds})
+        path = self.checkpointer.save(kind, self.state.step, state, record)
+        self.guard.last_checkpoint = self.checkpointer.last_good
+        seconds = self.checkpointer.last_seconds
+        self.events.on_checkpoint(path, {"step": self.state.step, "kind": kind, "seconds": seconds})
 
     # --- evaluation -------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self) -> None:
-        if self.val_set is None:
+        """One evaluation: its record, the divergence guard, and the best checkpoint when it improved."""
+        record = self.evaluator(self.model, self.state.step)
+        if record is None:
             return
-        self.model.eval()
-        loader = BatchLoader(self.val_set, self.runtime.device, self.runtime.pin_memory, 0)
-        batch = self.runtime.batch_size
-        share = rank_range(self.val_set.count, self.job.world_size, self.job.rank)  # each rank its part
-        indices = (np.arange(s, min(s + batch, share.stop)) for s in range(share.start, share.stop, batch))
-        total = torch.zeros((), device=self.runtime.device, dtype=torch.float64)
-        for x, y in loader.batches(indices):
-            with self.runtime.autocast():
-                _, loss = self.model(x, y)
-            total += loss.double() * x.shape[0]
-        self.model.train()
-        self.last_val_loss = float(all_reduce_sum(total).item()) / self.val_set.count
-        metrics: dict[str, Any] = {
-            "step": self.step,
-            "val_loss": self.last_val_loss,
-            "val_perplexity": math.exp(min(self.last_val_loss, 700.0)),
-        }
-        if self.unigram is None:
-            self.unigram = unigram_loss(self.train_set, self.val_set, self.job.model.vocab_size)
-            metrics["unigram_val_loss"] = self.unigram
-        self.events.on_eval(metrics)
-        self.divergence.check(self.step, self.last_val_loss, self.guard.last_checkpoint)
-        if self.step == 0:
-            return  # the untrained model is nobody's best checkpoint
-        if self.best_val_loss is None or self.last_val_loss < self.best_val_loss:
-            self.best_val_loss = self.last_val_loss
+        self.events.on_eval(record)
+        self.divergence.check(self.state.step, record["val_loss"], self.checkpointer.last_good)
+        if self.state.step > 0 and self.state.improves(record["val_loss"]):  # step 0: nobody's best
             self.save("best")
 
     # --- the loop ---------------------------------------------------------------------------------
 
     def _micro_batch_indices(self) -> Iterator[np.ndarray]:
-        per_epoch = self.plan.steps_per_epoch(self.train_set.count)
+        per_epoch = self.state.steps_per_epoch
         order_of: tuple[int, np.ndarray] | None = None
-        for step in range(self.step, self.planned_steps):
+        for step in range(self.state.step, self.planned_steps):
             epoch, position = divmod(step, per_epoch)
             if order_of is None or order_of[0] != epoch:
                 order_of = (epoch, epoch_order(self.train_set.count, self.training.seed, epoch))
@@ -500,90 +505,96 @@ class _Run:
         parameters = [p for p in self.model.parameters() if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(parameters, clip if clip > 0 else float("inf"), foreach=True)
 
-    def _log(self, meter: Throughput, loss_sum: torch.Tensor, steps: int, grad_norm: torch.Tensor) -> None:
+    def _log(self, loss_sum: torch.Tensor, steps: int, grad_norm: torch.Tensor) -> None:
         mean_over_ranks = all_reduce_mean(loss_sum)  # every rank gets the same value: they stop together
+        step = self.state.step
         self.last_train_loss = float(mean_over_ranks.item()) / (steps * self.plan.grad_accum_steps)
         if not math.isfinite(self.last_train_loss):
             raise TrainingError(
-                f"training loss is {self.last_train_loss} at step {self.step}; stopped (the last checkpoint "
+                f"training loss is {self.last_train_loss} at step {step}; stopped (the last checkpoint "
                 "is kept): lower the learning rate or use --precision bf16/fp32"
             )
-        steps_per_second, tokens_per_second = meter.take_interval()
+        steps_per_second, tokens_per_second = self.meter.take_interval()
         self.events.on_step(
             {
-                "step": self.step,
+                "step": step,
                 "train_loss": self.last_train_loss,
-                "learning_rate": self.schedule.rate(self.step - 1),
+                "learning_rate": self.schedule.rate(step - 1),
                 "grad_norm": float(grad_norm.item()),
                 "tokens_per_second": tokens_per_second,
                 "steps_per_second": steps_per_second,
                 "mfu": mfu(tokens_per_second, self.flops_token, self.peak),
-                "epoch": (self.step - 1) // self.plan.steps_per_epoch(self.train_set.count),
+                "epoch": (step - 1) // self.state.steps_per_epoch,
             }
         )
 
-    def train_steps(self, meter: Throughput) -> None:
-        t, accum = self.training, self.plan.grad_accum_steps
+    def _optimizer_step(self, batches: Iterator[Any], logging: bool) -> tuple[torch.Tensor, Any, float]:
+        """Gradients of the next global batch, clipped, applied at the schedule's rate. Returns the summed
+        micro-batch loss (on the device), the gradient norm where it was needed and the scale before."""
+        clip = self.training.optimizer.grad_clip
+        self.schedule.apply(self.optimizer, self.state.step)
+        no_sync = self.ddp and self.ddp.no_sync
+        loss = accumulate_gradients(
+            self.forward, batches, self.plan.grad_accum_steps, self.runtime, self.scaler, no_sync
+        )
+        self.scaler.unscale_(self.optimizer)
+        needs_norm = clip > 0 or logging or not self.guard.uses_grad_scaler
+        grad_norm = self._grad_norm(clip) if needs_norm else None
+        scale_before = self.scaler.get_scale() if self.guard.uses_grad_scaler else 0.0
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, scale_before
+
+    def train_steps(self) -> None:
+        """The loop: an optimizer step, then whatever is due (a log line, an evaluation, a checkpoint)."""
+        t = self.training
         loader = BatchLoader(
             self.train_set, self.runtime.device, self.runtime.pin_memory, self.runtime.workers
         )
         batches = loader.batches(self._micro_batch_indices())
         loss_sum = torch.zeros((), device=self.runtime.device)
         interval = 0
-        meter.start()
+        self.meter.start()
         try:
-            while self.step < self.planned_steps:
-                self.schedule.apply(self.optimizer, self.step)
-                step_loss = accumulate_gradients(
-                    self.forward, batches, accum, self.runtime, self.scaler, self.ddp and self.ddp.no_sync
-                )
-                self.scaler.unscale_(self.optimizer)
-                logging = (self.step + 1) % t.log_every == 0 or self.step + 1 == self.planned_steps
-                needs_norm = t.optimizer.grad_clip > 0 or logging or not self.guard.uses_grad_scaler
-                grad_norm = self._grad_norm(t.optimizer.grad_clip) if needs_norm else None
-                scale_before = self.scaler.get_scale() if self.guard.uses_grad_scaler else 0.0
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                meter.step_done()
-                self.guard.observe(self.step, step_loss, grad_norm)
+            while self.state.step < self.planned_steps:
+                logging = (
+                    self.state.step + 1
+                ) % t.log_every == 0 or self.state.step + 1 == self.planned_steps
+                step_loss, grad_norm, scale_before = self._optimizer_step(batches, logging)
+                self.state.step += 1
+                self.meter.step_done()
+                self.guard.observe(self.state.step, step_loss, grad_norm)
                 scale_after = self.scaler.get_scale() if self.guard.uses_grad_scaler else 0.0
-                if self.guard.scaler_step_taken(self.step, scale_before, scale_after):
+                if self.guard.scaler_step_taken(self.state.step, scale_before, scale_after):
                     loss_sum += step_loss  # a step the fp16 scaler skipped has no loss worth averaging
                     interval += 1
                 if logging and interval:
-                    self._log(meter, loss_sum, interval, grad_norm)
+                    self._log(loss_sum, interval, grad_norm)
                     loss_sum.zero_()
                     interval = 0
-                self._between_steps(meter)
+                self._between_steps()
             self.guard.settle()
         finally:
             loader.close()
 
-    def _between_steps(self, meter: Throughput) -> None:
-        """Evaluation and periodic checkpoints, outside the throughput clock."""
-        t, interrupted = self.training, False
-        if self.step < self.planned_steps and (
-            self.step % t.eval_every == 0 or self.step % t.checkpoint_every == 0
-        ):
-            self.guard.settle()  # never evaluate or checkpoint weights a non-finite step touched
-        if self.step % t.eval_every == 0 and self.step < self.planned_steps:
+    def _between_steps(self) -> None:
+        """Evaluation and periodic checkpoints, when due, outside the throughput clock."""
+        step = self.state.step
+        evaluate = self.evaluator.due(step, self.planned_steps)
+        save = self.checkpointer.due(step, self.planned_steps)
+        if not (evaluate or save):
+            return
+        self.guard.settle()  # never evaluate or checkpoint weights a non-finite step touched
+        if evaluate:
             self.evaluate()
-            interrupted = True
-        if self.step % t.checkpoint_every == 0 and self.step < self.planned_steps:
+        if save:
             self.save("step")
-            interrupted = True
-        if interrupted:
-            meter.start()
+        self.meter.start()
 
     def execute(self) -> dict[str, Any]:
-        """The run, holding its checkpoint directory's lock (rank 0; a dry run writes nothing)."""
-        directory = self.job.checkpoint_directory
-        if directory is None or self.job.dry_run or self.job.rank != 0:
-            return self._execute()
-        with RunLock(directory):
-            ckpt.remove_stale_temporaries(directory)  # a killed run's half-written files
+        """The run, holding its checkpoint folder (rank 0 of a real run; a dry run writes nothing)."""
+        with self.checkpointer.holding():
             return self._execute()
 
     def _execute(self) -> dict[str, Any]:
@@ -592,22 +603,21 @@ class _Run:
             self.restore()
         self.events.on_start(self.startup_record())
         if self.job.dry_run:
-            summary = self.summary(None, started)
+            summary = self.summary(started)
             self.events.on_end(summary)
             return summary
         reset_peak_memory(self.runtime.device)
-        meter = Throughput(self.tokens_per_step)
         try:
-            if self.training.eval_at_start and self.step == 0:
+            if self.evaluator.due_at_start(self.state.step):
                 self.evaluate()  # the untrained baseline that later evaluations are judged by
-            self.train_steps(meter)
+            self.train_steps()
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):
                 raise
             raise TrainingError(self._oom_advice()) from None
         self.evaluate()
         self.save("final")
-        summary = self.summary(meter, started)
+        summary = self.summary(started)
         self.events.on_end(summary)
         return summary
 
@@ -615,7 +625,7 @@ class _Run:
         if self.runtime.device == "cuda":
             torch.cuda.empty_cache()
         batch, accum = self.runtime.batch_size, self.runtime.grad_accum_steps
-        last = ckpt.latest_checkpoint(self.job.checkpoint_directory)
+        last = self.checkpointer.latest()
         kept = f"the last checkpoint {last} is kept: add --resume to continue from it, or use a fresh "
         return (
             f"out of memory on {self.runtime.device} at batch size {batch} (estimated peak "

@@ -14,7 +14,7 @@ from prefect import task
 from gptcore.config import CorpusConfig, TokenizerConfig
 from gptcore.corpus import Corpus, corpus_fingerprint, load_corpus
 from gptcore.fingerprint import sha256_file
-from gptcore.token_build import TokenFilesManifest, build_token_files, token_files_fingerprint
+from gptcore.token_build import TokenFolderManifest, build_token_files, token_files_fingerprint
 from gptcore.tokenizer_training import TokenizerManifest, tokenizer_fingerprint, train_tokenizer
 from tasks.caching import FILES_KEY, fingerprint_key
 
@@ -75,7 +75,7 @@ def tokens_task(
     """Encode train and validation into token files with their manifests."""
     tokenizer = TokenizerManifest.from_dict(tokenizer_manifest["tokenizer"])
     loaded = corpus_for(corpus, Path(data_root), tokenizer.corpus_fingerprint)
-    built: TokenFilesManifest = build_token_files(loaded, tokenizer, Path(data_root))
+    built: TokenFolderManifest = build_token_files(loaded, tokenizer, Path(data_root))
     files = {}
     for token_file in built.files.values():
         files[token_file.path] = token_file.sha256

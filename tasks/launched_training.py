@@ -10,12 +10,12 @@ fails the task with that rank's exit code; a cancelled flow run stops every rank
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gptcore.atomic_write import write_text_atomic
 from gptcore.callbacks import CallbackList, TrainingCallback
 from gptcore.config import PipelineParams
 from gptcore.errors import TrainingError
@@ -32,11 +32,8 @@ def launched_nproc(params: PipelineParams) -> int:
 
 def _write_params(params: PipelineParams, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LAUNCH_PARAMS
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
-    os.replace(temporary, path)
-    return path
+    text = yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False)
+    return write_text_atomic(directory / LAUNCH_PARAMS, text)
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:

@@ -7,15 +7,14 @@ rerun after a failure finds its checkpoints there and resumes from the latest on
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 
+from gptcore.atomic_write import write_json_atomic
 from gptcore.config import PipelineParams, TrainingConfig
 from gptcore.errors import TrainingError
 from gptcore.fingerprint import code_version_of, fingerprint, sha256_file
@@ -52,14 +51,14 @@ def announce(message: str) -> None:
 def _training_code_version() -> str:
     """The modules whose code decides what training produces; an edit elsewhere in gptcore (data stages,
     tracking, the CLI) keeps finished training cached and a killed run resumable."""
+    import gptcore.batches
     import gptcore.distributed
-    import gptcore.examples
     import gptcore.model
     import gptcore.schedule
     import gptcore.trainer
 
     return code_version_of(
-        gptcore.model, gptcore.trainer, gptcore.examples, gptcore.schedule, gptcore.distributed
+        gptcore.model, gptcore.trainer, gptcore.batches, gptcore.schedule, gptcore.distributed
     )
 
 
@@ -173,7 +172,7 @@ def smoke_task(
         "estimated_full_seconds": estimate,
     }
     record_path = directory / SMOKE_RECORD
-    _write_json(record_path, record)
+    write_json_atomic(record_path, record, default=str)
     if not gate.passed:
         cause = gate.likely_cause(optimizer.learning_rate, startup["precision"])
         raise TrainingError(
@@ -240,10 +239,3 @@ def full_task(
         "outputs": [str(path) for path in outputs],
         "figures": _headline(summary),
     }
-
-
-def _write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(value, indent=2, default=str), encoding="utf-8")
-    os.replace(temporary, path)

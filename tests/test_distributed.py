@@ -16,10 +16,10 @@ import numpy as np
 import psutil
 import pytest
 
+from gptcore.batches import StepPlan, epoch_order
 from gptcore.callbacks import TrainingCallback
 from gptcore.distributed import World, collective_timeout, rank_micro_batches, rank_range, world_from_env
 from gptcore.errors import ConfigError
-from gptcore.examples import StepPlan, epoch_order
 from gptcore.launch import (
     JsonLinesReplay,
     LaunchCancelled,
@@ -144,7 +144,7 @@ def _free_port() -> int:
 OVERFLOW_PROBE = textwrap.dedent(
     """
     import json, os, torch
-    from gptcore.distributed import grad_scaler, process_group
+    from gptcore.distributed import grad_scaler, leave_rank, process_group
     with process_group("cpu") as world:
         weight = torch.nn.Parameter(torch.ones(3))
         optimizer = torch.optim.SGD([weight], lr=0.1)
@@ -155,6 +155,7 @@ OVERFLOW_PROBE = textwrap.dedent(
         scaler.step(optimizer)
         scaler.update()
         print(json.dumps({"rank": world.rank, "weight": weight.tolist(), "scale": scaler.get_scale()}))
+    leave_rank(0)  # as a gptpipe rank leaves: Gloo's threads may still hold a finished collective
     """
 )
 

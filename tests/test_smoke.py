@@ -131,3 +131,13 @@ def test_iteration_1s_default_smoke_passes_on_real_text(tmp_path: Path) -> None:
     gate = gate_of(recorder, params.model.architecture.vocab_size)
     assert gate.passed, gate.reasons()
     assert gate.last_val_loss < gate.first_val_loss
+
+
+def test_with_two_processes_the_full_run_the_smoke_estimates_has_half_the_steps() -> None:
+    one = smoke_run(tiny_params({"warmup_steps": 2})).of("start")[0]
+    params = tiny_params({"warmup_steps": 2})
+    # full training on 2 ranks: a global batch of 16, 25 steps an epoch
+    params = params.model_copy(update={"runtime": params.runtime.model_copy(update={"nproc": 2})})
+    two = smoke_run(params).of("start")[0]
+    assert (one["schedule_steps"], two["schedule_steps"]) == (50, 25)
+    assert one["planned_steps"] == two["planned_steps"] == 12, "the smoke itself runs in one process"

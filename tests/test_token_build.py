@@ -19,7 +19,7 @@ from gptcore.corpus import Corpus, load_corpus
 from gptcore.errors import ConfigError, DataError
 from gptcore.fast_encode import HFEncoder, TiktokenEncoder, make_encoder, why_not_tiktoken
 from gptcore.fingerprint import sha256_file
-from gptcore.token_build import build_token_files, read_token_files_manifest, token_files_fingerprint
+from gptcore.token_build import build_token_files, read_token_folder_manifest, token_files_fingerprint
 from gptcore.tokenfile import check_vocabulary, open_tokens
 from gptcore.tokenizer_training import TokenizerManifest, train_tokenizer
 
@@ -55,7 +55,7 @@ def test_builds_both_splits_with_manifests_the_trainer_can_read(corpus, tokenize
         "validation.bin",
         "validation.bin.manifest.json",
     ]
-    assert read_token_files_manifest(folder) == manifest
+    assert read_token_folder_manifest(folder) == manifest
     assert json.loads(json.dumps(manifest.to_dict()))["files"]["train"]["tokens"] == manifest.train.tokens
     for split, dataset in (("train", corpus.train), ("validation", corpus.validation)):
         stream = open_tokens(manifest.files[split].path)

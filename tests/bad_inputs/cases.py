@@ -190,7 +190,7 @@ FLAG_CASES = [
     Case(
         "unknown-stage",
         ["run", "--until", "banana"],
-        "--until 'banana' is not allowed: expected one of tokenizer",
+        "--until 'banana': expected one of tokenizer",
     ),
     Case(
         "params-and-iteration", ["run", "--iteration", "1", "--params", "x.yaml"], "--params and --iteration"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from gptcore.batches import BatchLoader, StepPlan, epoch_order, open_examples, unigram_loss
 from gptcore.errors import DataError
-from gptcore.examples import BatchLoader, StepPlan, epoch_order, open_examples, unigram_loss
 from gptcore.tokenfile import TokenFileManifest, write_manifest
 
 

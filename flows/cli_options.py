@@ -1,0 +1,38 @@
+"""What several `gptpipe` commands take the same way: the parameter file and choices from the config's types.
+
+Importing this is cheap (no torch, no pydantic): `gptpipe --help` and bad flags answer at once.
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+from gptcore.errors import ConfigError
+
+
+def params_path(params_file: Path | None, iteration: int | None) -> Path:
+    """`--params FILE` or `--iteration N` (params/iteration_N.yaml); neither: iteration 1's."""
+    from gptcore.config import iteration_file
+
+    if params_file is not None and iteration is not None:
+        raise ConfigError("--params and --iteration name the parameters twice; give one of them")
+    return params_file if params_file is not None else iteration_file(iteration or 1)
+
+
+def resolve_params(params_file: Path | None, iteration: int | None, overrides: list[str]) -> tuple[Path, Any]:
+    """The parameter file and its validated parameters, `--set` overrides applied."""
+    from gptcore.config import load_params
+
+    path = params_path(params_file, iteration)
+    return path, load_params(path, overrides)
+
+
+def choice(flag: str, value: str, allowed: Any) -> str:
+    """`value` when it is one of `allowed` (a tuple, or a `Literal` type of the config), else a one-line
+    error naming the flag, the value and what is allowed."""
+    options = typing.get_args(allowed) or tuple(allowed)
+    if value not in options:
+        raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(options)}")
+    return value

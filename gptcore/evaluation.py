@@ -1,0 +1,75 @@
+"""The validation loss of the model being trained, and when it is due.
+
+Every rank scores a contiguous share of the validation examples and the sums are added across ranks,
+so each evaluation covers every example exactly once whatever the number of processes. The first one
+also reports the unigram baseline (the loss a model that ignores context reaches on these examples).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptcore.batches import BatchLoader, ExampleSet, unigram_loss
+from gptcore.distributed import all_reduce_sum, rank_range
+from gptcore.runtime import Runtime
+
+
+class Evaluator:
+    def __init__(
+        self,
+        validation: ExampleSet | None,
+        train: ExampleSet | None,
+        runtime: Runtime,
+        every: int,
+        at_start: bool,
+        world_size: int = 1,
+        rank: int = 0,
+    ) -> None:
+        self.validation = validation
+        self.train = train
+        self.runtime = runtime
+        self.every = every
+        self.at_start = at_start
+        self.world_size = world_size
+        self.rank = rank
+        self.unigram: float | None = None
+        self.last_val_loss: float | None = None
+
+    def due(self, step: int, planned_steps: int) -> bool:
+        """Every `every` steps during the run (the end always evaluates: `at_end`)."""
+        return step % self.every == 0 and step < planned_steps
+
+    def due_at_start(self, step: int) -> bool:
+        return self.at_start and step == 0
+
+    @torch.no_grad()
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, Any] | None:
+        """The evaluation record at `step`, or None without validation examples."""
+        if self.validation is None:
+            return None
+        model.eval()
+        loader = BatchLoader(self.validation, self.runtime.device, self.runtime.pin_memory, 0)
+        batch = self.runtime.batch_size
+        share = rank_range(self.validation.count, self.world_size, self.rank)
+        indices = (np.arange(s, min(s + batch, share.stop)) for s in range(share.start, share.stop, batch))
+        total = torch.zeros((), device=self.runtime.device, dtype=torch.float64)
+        for x, y in loader.batches(indices):
+            with self.runtime.autocast():
+                _, loss = model(x, y)
+            total += loss.double() * x.shape[0]
+        model.train()
+        self.last_val_loss = float(all_reduce_sum(total).item()) / self.validation.count
+        record: dict[str, Any] = {
+            "step": step,
+            "val_loss": self.last_val_loss,
+            "val_perplexity": math.exp(min(self.last_val_loss, 700.0)),
+        }
+        if self.unigram is None:
+            vocab_size = model.config.vocab_size
+            self.unigram = unigram_loss(self.train, self.validation, vocab_size)
+            record["unigram_val_loss"] = self.unigram
+        return record
