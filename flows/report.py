@@ -61,8 +61,8 @@ class PipelineReport:
             stage = {
                 "name": name,
                 "state": outcome.state,
-                "outputs": outcome.manifest.get("outputs", []),
-                "figures": outcome.manifest.get("figures", {}),
+                "outputs": outcome.outputs,
+                "figures": outcome.figures,
                 "seconds": outcome.seconds,
             }
             if outcome.message:
@@ -78,9 +78,7 @@ class PipelineReport:
         lines = [f"# {self.title}", "", "| stage | state | seconds | figures |", "|---|---|---|---|"]
         for name in STAGES:
             outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
-            figures = ", ".join(
-                f"{key}={_short(value)}" for key, value in outcome.manifest.get("figures", {}).items()
-            )
+            figures = ", ".join(f"{key}={_short(value)}" for key, value in outcome.figures.items())
             note = f" ({outcome.message})" if outcome.message else ""
             lines.append(f"| {name} | {outcome.state}{note} | {outcome.seconds:.2f} | {figures} |")
         if self.links:

@@ -12,13 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from gptcore.fingerprint import sha256_file
+from tasks.stage_results import StageResult
 
-# A stage's manifest names its output files under this key: {path: sha256}.
-FILES_KEY = "files"
+R = TypeVar("R", bound=StageResult)
 
 
 def fingerprint_key(stage: str) -> Callable[[Any, dict[str, Any]], str]:
@@ -31,47 +29,41 @@ def fingerprint_key(stage: str) -> Callable[[Any, dict[str, Any]], str]:
     return key
 
 
-def file_record(*paths: str | Path) -> dict[str, str]:
-    """The `files` entry of a manifest: each output path with its content hash."""
-    return {str(path): sha256_file(path) for path in paths}
-
-
-def stale_outputs(manifest: dict[str, Any]) -> list[str]:
-    """Output files named by a cached manifest that are missing or whose content changed."""
-    stale = []
-    for path, digest in manifest.get(FILES_KEY, {}).items():
-        if not Path(path).is_file() or sha256_file(path) != digest:
-            stale.append(path)
-    return stale
-
-
 @dataclass
 class StageOutcome:
-    """What one stage did: its state for the report, its manifest and the seconds it took."""
+    """What one stage did: its state for the report, its result and the seconds it took."""
 
     name: str
     state: str  # completed | cached | failed | skipped
-    manifest: dict[str, Any] = field(default_factory=dict)
+    result: StageResult | None = None
     seconds: float = 0.0
     message: str = ""
     reran_because: list[str] = field(default_factory=list)
 
+    @property
+    def figures(self) -> dict[str, Any]:
+        return self.result.figures if self.result is not None else {}
 
-def run_cached(name: str, stage_task: Any, /, **arguments: Any) -> StageOutcome:
+    @property
+    def outputs(self) -> list[str]:
+        return self.result.outputs if self.result is not None else []
+
+
+def run_cached(name: str, stage_task: Any, result_type: type[R], /, **arguments: Any) -> StageOutcome:
     """Run a cached stage task; a hit with missing or changed outputs runs it again and refreshes."""
     started = time.perf_counter()
     state = stage_task(**arguments, return_state=True)
-    manifest = state.result()
+    result = result_type.model_validate(state.result())
     cached = state.name == "Cached"
     stale: list[str] = []
-    if cached and (stale := stale_outputs(manifest)):
+    if cached and (stale := result.stale_outputs()):
         state = stage_task.with_options(refresh_cache=True)(**arguments, return_state=True)
-        manifest = state.result()
+        result = result_type.model_validate(state.result())
         cached = False
     return StageOutcome(
         name=name,
         state="cached" if cached else "completed",
-        manifest=manifest,
+        result=result,
         seconds=round(time.perf_counter() - started, 3),
         reran_because=stale,
     )

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gptcore.config import PipelineParams
+from tasks.stage_results import DeviceResult
 
 
 @task(name="device", cache_policy=NO_CACHE, persist_result=False)
-def device_task(params: PipelineParams) -> dict[str, Any]:
+def device_task(params: PipelineParams) -> DeviceResult:
     """What the training stages will run on: the device report and the resolved runtime."""
     from gptcore.runtime import device_report, resolve_runtime
 
     runtime = resolve_runtime(params.runtime, params.defaults_for)
     report = device_report(runtime.device)
-    return {
-        "device": report,
-        "runtime": runtime.to_dict(),
-        "outputs": [],
-        "figures": {
+    return DeviceResult(
+        device=report,
+        runtime=runtime.to_dict(),
+        figures={
             "device": runtime.device,
             "precision": runtime.precision,
             "batch_size": runtime.batch_size,
@@ -29,4 +27,4 @@ def device_task(params: PipelineParams) -> dict[str, Any]:
             "cuda_available": report["cuda_available"],
             "gpu_name": report["gpu_name"],
         },
-    }
+    )

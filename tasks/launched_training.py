@@ -19,6 +19,7 @@ from gptcore.atomic_write import write_text_atomic
 from gptcore.callbacks import CallbackList, TrainingCallback
 from gptcore.config import PipelineParams
 from gptcore.errors import TrainingError
+from tasks.stage_results import TokensResult
 
 LAUNCH_PARAMS = "launch-params.yaml"
 
@@ -48,7 +49,7 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
 def train_launched(
     params: PipelineParams,
     stage: str,
-    tokens: dict,
+    tokens: TokensResult,
     directory: Path,
     callbacks: list[TrainingCallback],
     resume: bool,
@@ -64,8 +65,8 @@ def train_launched(
     )
 
     arguments = ["train", "--params", str(_write_params(params, directory)), "--stage", stage, "--no-track"]
-    arguments += ["--train-tokens", str(tokens["train"]), "--validation-tokens", str(tokens["validation"])]
-    arguments += ["--tokenizer", str(tokens["tokenizer_path"]), "--checkpoint-directory", str(directory)]
+    arguments += ["--train-tokens", tokens.train, "--validation-tokens", tokens.validation]
+    arguments += ["--tokenizer", tokens.tokenizer_path, "--checkpoint-directory", str(directory)]
     arguments += ["--resume"] if resume else []
     spec = LaunchSpec(nproc_per_node=nproc)
     log = _logger()

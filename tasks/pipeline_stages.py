@@ -14,6 +14,7 @@ from gptcore.config import PipelineParams
 from tasks import data_stages, training_stages
 from tasks.caching import StageOutcome, run_cached
 from tasks.device_stage import device_task
+from tasks.stage_results import FullResult, SmokeResult, TokenizerResult, TokensResult
 from tasks.tracking import PipelineRecorder
 
 
@@ -26,6 +27,7 @@ def tokenizer(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcom
     outcome = run_cached(
         "tokenizer",
         data_stages.tokenizer_task,
+        TokenizerResult,
         fingerprint=fingerprint,
         corpus=params.corpus,
         tokenizer=params.tokenizer,
@@ -40,9 +42,10 @@ def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineRe
     outcome = run_cached(
         "tokens",
         data_stages.tokens_task,
-        fingerprint=data_stages.tokens_stage_fingerprint(tokenizer.manifest),
+        TokensResult,
+        fingerprint=data_stages.tokens_stage_fingerprint(tokenizer.result),
         corpus=params.corpus,
-        tokenizer_manifest=tokenizer.manifest,
+        tokenizer_result=tokenizer.result,
         data_root=data_root(params),
     )
     tracking.record_stage(outcome)
@@ -51,8 +54,8 @@ def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineRe
 
 def device(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
     started = time.perf_counter()
-    manifest = device_task(params)
-    outcome = StageOutcome("device", "completed", manifest, round(time.perf_counter() - started, 3))
+    result = device_task(params)
+    outcome = StageOutcome("device", "completed", result, round(time.perf_counter() - started, 3))
     tracking.record_stage(outcome)
     return outcome
 
@@ -60,18 +63,19 @@ def device(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
 def smoke(
     params: PipelineParams, tokens: StageOutcome, device: StageOutcome, tracking: PipelineRecorder
 ) -> StageOutcome:
-    fingerprint = training_stages.smoke_fingerprint(params, tokens.manifest, device.manifest)
+    fingerprint = training_stages.smoke_fingerprint(params, tokens.result, device.result)
     outcome = run_cached(
         "smoke",
         training_stages.smoke_task,
+        SmokeResult,
         fingerprint=fingerprint,
         params=params,
-        tokens=tokens.manifest,
-        device=device.manifest,
+        tokens=tokens.result,
+        device=device.result,
         run_context=tracking.context("smoke"),
     )
     tracking.record_stage(outcome)
-    training_stages.announce_smoke(outcome.manifest)
+    training_stages.announce_smoke(outcome.figures)
     return outcome
 
 
@@ -82,21 +86,22 @@ def full(
     smoke: StageOutcome,
     tracking: PipelineRecorder,
 ) -> StageOutcome:
-    refusal = training_stages.full_refusal(params, device.manifest)
+    refusal = training_stages.full_refusal(params, device.result)
     if refusal:
         outcome = StageOutcome("full", "skipped", message=refusal)
         training_stages.announce(refusal)
         tracking.record_stage(outcome)
         return outcome
-    fingerprint = training_stages.full_fingerprint(params, tokens.manifest, device.manifest)
+    fingerprint = training_stages.full_fingerprint(params, tokens.result, device.result)
     outcome = run_cached(
         "full",
         training_stages.full_task,
+        FullResult,
         fingerprint=fingerprint,
         params=params,
-        tokens=tokens.manifest,
-        device=device.manifest,
-        smoke=smoke.manifest,
+        tokens=tokens.result,
+        device=device.result,
+        smoke=smoke.result,
         run_context=tracking.context("full"),
     )
     tracking.record_stage(outcome)

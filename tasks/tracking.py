@@ -236,8 +236,10 @@ class PipelineRecorder:
         return next((run.info.run_id for run in runs if run.info.run_id != exclude), None)
 
     def record_stage(self, outcome: Any) -> str:
-        """Record a StageOutcome (name, state, manifest, seconds, message) in its child run; end it."""
-        name, state, manifest = outcome.name, outcome.state, dict(outcome.manifest or {})
+        """Record a StageOutcome (name, state, result, seconds, message) in its child run; end it."""
+        result = outcome.result
+        name, state = outcome.name, outcome.state
+        manifest = result.model_dump(mode="json") if result is not None else {}
         run_id = self.stage_run(name)
         fingerprint = _stage_fingerprint(manifest)
         tags: dict[str, Any] = {

@@ -17,10 +17,11 @@ from prefect import task
 from gptcore.atomic_write import write_json_atomic
 from gptcore.config import PipelineParams, TrainingConfig
 from gptcore.errors import TrainingError
-from gptcore.fingerprint import code_version_of, fingerprint, sha256_file
-from tasks.caching import FILES_KEY, fingerprint_key
+from gptcore.fingerprint import code_version_of, fingerprint
+from tasks.caching import fingerprint_key
 from tasks.progress import PrefectProgress
 from tasks.smoke_gate import estimate_full_seconds, judge, memory_limit
+from tasks.stage_results import DeviceResult, FullResult, SmokeResult, TokensResult, file_record
 
 SMOKE_RECORD = "smoke.json"
 # Runtime fields that change what training computes (threads and pinning do not).
@@ -63,13 +64,17 @@ def _training_code_version() -> str:
 
 
 def _training_fingerprint(
-    stage: str, params: PipelineParams, tokens: dict, device: dict, schedule: TrainingConfig | None = None
+    stage: str,
+    params: PipelineParams,
+    tokens: TokensResult,
+    device: DeviceResult,
+    schedule: TrainingConfig | None = None,
 ) -> str:
-    runtime = {key: device["runtime"][key] for key in _RUNTIME_KEYS if key in device["runtime"]}
-    machine = {key: device["device"].get(key) for key in ("device", "gpu_name", "torch_version")}
+    runtime = {key: device.runtime[key] for key in _RUNTIME_KEYS if key in device.runtime}
+    machine = {key: device.device.get(key) for key in ("device", "gpu_name", "torch_version")}
     return fingerprint(
         stage,
-        tokens["fingerprint"],
+        tokens.fingerprint,
         params.model.architecture.model_dump(),
         runtime,
         machine if stage == "smoke" else machine["device"],
@@ -79,13 +84,13 @@ def _training_fingerprint(
     )
 
 
-def smoke_fingerprint(params: PipelineParams, tokens: dict, device: dict) -> str:
+def smoke_fingerprint(params: PipelineParams, tokens: TokensResult, device: DeviceResult) -> str:
     # A smoke record vouches for one machine: a different GPU or torch build needs its own. It trains
     # the full run's first steps, so the full section's settings (optimizer, schedule) are part of it.
     return _training_fingerprint("smoke", params, tokens, device, schedule=params.full)
 
 
-def full_fingerprint(params: PipelineParams, tokens: dict, device: dict) -> str:
+def full_fingerprint(params: PipelineParams, tokens: TokensResult, device: DeviceResult) -> str:
     return _training_fingerprint("full", params, tokens, device)
 
 
@@ -94,9 +99,9 @@ def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) ->
     return root / f"iteration-{params.iteration}-{stage}-{stage_fingerprint}"
 
 
-def full_refusal(params: PipelineParams, device: dict) -> str | None:
+def full_refusal(params: PipelineParams, device: DeviceResult) -> str | None:
     """Why full training must not start on this machine, or None."""
-    if not params.full.require_cuda or device["runtime"]["device"] == "cuda":
+    if not params.full.require_cuda or device.runtime["device"] == "cuda":
         return None
     if params.runtime.device == "cpu" and params.full.max_steps is not None:
         return None  # the parameters explicitly ask for a bounded CPU run
@@ -110,8 +115,8 @@ def full_refusal(params: PipelineParams, device: dict) -> str | None:
 def _train(
     params: PipelineParams,
     stage: str,
-    tokens: dict,
-    device: dict,
+    tokens: TokensResult,
+    device: DeviceResult,
     directory: Path,
     callbacks: list[Any],
     resume: bool,
@@ -124,12 +129,12 @@ def _train(
     job = TrainJob.from_params(
         params,
         stage,
-        train_tokens=Path(tokens["train"]),
-        validation_tokens=Path(tokens["validation"]),
+        train_tokens=Path(tokens.train),
+        validation_tokens=Path(tokens.validation),
         checkpoint_directory=directory,
         resume=resume,
-        tokenizer=Path(tokens["tokenizer_path"]),
-        extra_fingerprint={"tokens": tokens["fingerprint"]},
+        tokenizer=Path(tokens.tokenizer_path),
+        extra_fingerprint={"tokens": tokens.fingerprint},
         metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
     )
     return train(job, CallbackList(callbacks))
@@ -141,8 +146,8 @@ def _headline(summary: dict[str, Any]) -> dict[str, Any]:
 
 @task(name="smoke", cache_key_fn=fingerprint_key("smoke"), persist_result=True)
 def smoke_task(
-    fingerprint: str, params: PipelineParams, tokens: dict, device: dict, run_context: dict
-) -> dict[str, Any]:
+    fingerprint: str, params: PipelineParams, tokens: TokensResult, device: DeviceResult, run_context: dict
+) -> SmokeResult:
     """The full run's first steps, bounded, gating full training: finite losses, train loss falling,
     validation loss not rising and below the uniform guess, memory that fits."""
     directory = run_directory(params, "smoke", fingerprint)
@@ -153,7 +158,7 @@ def smoke_task(
         progress.losses,
         progress.val_losses,
         int(summary.get("peak_memory_bytes", 0)),
-        memory_limit(device["device"]),
+        memory_limit(device.device),
         params.model.architecture.vocab_size,
     )
     startup = progress.startup
@@ -178,11 +183,11 @@ def smoke_task(
         raise TrainingError(
             f"smoke gate failed: {'; '.join(gate.reasons())}; likely cause: {cause}; record: {record_path}"
         )
-    return {
+    return SmokeResult(
         **record,
-        FILES_KEY: {str(record_path): sha256_file(record_path)},
-        "outputs": [str(record_path)],
-        "figures": {
+        files=file_record(record_path),
+        outputs=[str(record_path)],
+        figures={
             **_headline(summary),
             "first_train_loss": gate.first_train_loss,
             "last_train_loss": gate.last_train_loss,
@@ -192,11 +197,10 @@ def smoke_task(
             "full_planned_steps": full_steps,
             "estimated_full_seconds": round(estimate, 1) if math.isfinite(estimate) else None,
         },
-    }
+    )
 
 
-def announce_smoke(manifest: dict[str, Any]) -> None:
-    figures = manifest.get("figures", {})
+def announce_smoke(figures: dict[str, Any]) -> None:
     announce(
         f"smoke: {figures.get('tokens_per_second', 0):.0f} tokens/s measured; train loss "
         f"{figures.get('first_train_loss', math.nan):.3f} -> {figures.get('last_train_loss', math.nan):.3f}, "
@@ -209,8 +213,13 @@ def announce_smoke(manifest: dict[str, Any]) -> None:
 
 @task(name="full", cache_key_fn=fingerprint_key("full"), persist_result=True)
 def full_task(
-    fingerprint: str, params: PipelineParams, tokens: dict, device: dict, smoke: dict, run_context: dict
-) -> dict[str, Any]:
+    fingerprint: str,
+    params: PipelineParams,
+    tokens: TokensResult,
+    device: DeviceResult,
+    smoke: SmokeResult,
+    run_context: dict,
+) -> FullResult:
     """Full training, resumed from the run folder's latest checkpoint when an earlier attempt stopped."""
     from gptcore.checkpoint import latest_checkpoint, named_checkpoint
 
@@ -218,7 +227,7 @@ def full_task(
     resume_from = latest_checkpoint(directory)
     if resume_from is not None:
         announce(f"full: resuming from {resume_from}")
-    planned = smoke.get("full_planned_steps") or params.full.max_steps or 1
+    planned = smoke.full_planned_steps or params.full.max_steps or 1
     progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
     callbacks = [progress, *run_context.get("callbacks", [])]
     from tasks.launched_training import launched_nproc, train_launched
@@ -231,11 +240,11 @@ def full_task(
     summary["start_step"] = progress.start_step
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
-    return {
-        "fingerprint": fingerprint,
-        "run_directory": str(directory),
-        "summary": summary,
-        FILES_KEY: {str(path): sha256_file(path) for path in outputs},
-        "outputs": [str(path) for path in outputs],
-        "figures": _headline(summary),
-    }
+    return FullResult(
+        fingerprint=fingerprint,
+        run_directory=str(directory),
+        summary=summary,
+        files=file_record(*outputs),
+        outputs=[str(path) for path in outputs],
+        figures=_headline(summary),
+    )

@@ -19,8 +19,8 @@ import pytest
 
 from gptcore.config import STAGES, load_params
 from gptcore.errors import TrainingError
-from tasks.caching import file_record, stale_outputs
 from tasks.smoke_gate import judge
+from tasks.stage_results import DeviceResult, StageResult, file_record
 from tasks.training_stages import full_refusal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -276,12 +276,12 @@ def test_unknown_stage_for_until_is_refused(tmp_path: Path) -> None:
 def test_cached_outputs_are_checked_by_content(tmp_path: Path) -> None:
     output = tmp_path / "out.bin"
     output.write_bytes(b"tokens")
-    manifest = {"files": file_record(output)}
-    assert stale_outputs(manifest) == []
+    result = StageResult(files=file_record(output))
+    assert result.stale_outputs() == []
     output.write_bytes(b"tokenz")
-    assert stale_outputs(manifest) == [str(output)]
+    assert result.stale_outputs() == [str(output)]
     output.unlink()
-    assert stale_outputs(manifest) == [str(output)]
+    assert result.stale_outputs() == [str(output)]
 
 
 def test_smoke_gate_needs_finite_falling_loss_that_fits() -> None:
@@ -308,8 +308,8 @@ def test_smoke_gate_reads_validation_from_the_start_to_the_end() -> None:
 
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:
     params = load_params(REPO / "params" / "iteration_2.yaml")
-    cpu = {"runtime": {"device": "cpu"}}
+    cpu = DeviceResult(device={}, runtime={"device": "cpu"})
     assert "needs CUDA" in full_refusal(params, cpu)
-    assert full_refusal(params, {"runtime": {"device": "cuda"}}) is None
+    assert full_refusal(params, DeviceResult(device={}, runtime={"device": "cuda"})) is None
     bounded = load_params(REPO / "params" / "iteration_2.yaml", ["runtime.device=cpu", "full.max_steps=5"])
     assert full_refusal(bounded, cpu) is None

@@ -15,6 +15,7 @@ from tracking_support import fresh_store
 from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrackingConfig, TrainingConfig
 from gptcore.records import END_METRICS, STEP_METRICS
 from tasks import tracking
+from tasks.stage_results import StageResult
 from tasks.tracking import PipelineRecorder, TrackingSession, training_metadata
 from tasks.tracking_callback import MLflowCallback
 from tasks.tracking_store import TrackingError, connect, environment_tags, redact, resolve_target
@@ -341,16 +342,16 @@ def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_poi
     params, path = pipeline_params(tmp_path)
     manifest_file = tmp_path / "tokenizer.json"
     manifest_file.write_text("{}")
-    manifest = {"fingerprint": "abc123", "files": {str(manifest_file): "x"}, "figures": {"vocab_size": 300}}
+    result = StageResult(fingerprint="abc123", files={str(manifest_file): "x"}, figures={"vocab_size": 300})
 
     first = PipelineRecorder.start(params, path, flow_run_id="flow-1")
     producer = first.record_stage(
-        SimpleNamespace(name="tokenizer", state="completed", manifest=manifest, seconds=1.0, message="")
+        SimpleNamespace(name="tokenizer", state="completed", result=result, seconds=1.0, message="")
     )
     first.finish(failed=False)
     second = PipelineRecorder.start(params, path, flow_run_id="flow-2")
     cached = second.record_stage(
-        SimpleNamespace(name="tokenizer", state="cached", manifest=manifest, seconds=0.1, message="")
+        SimpleNamespace(name="tokenizer", state="cached", result=result, seconds=0.1, message="")
     )
     second.finish(failed=False)
 
@@ -390,7 +391,7 @@ def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) ->
     train(job, context["callbacks"][0])
     run_id = recorder.record_stage(
         SimpleNamespace(
-            name="smoke", state="completed", manifest={"fingerprint": "f"}, seconds=1.0, message=""
+            name="smoke", state="completed", result=StageResult(fingerprint="f"), seconds=1.0, message=""
         )
     )
     recorder.finish(failed=False)
