@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from flows.cli_options import choice, resolve_params
-from flows.train_launch import launch_spec, nproc_value, relaunch_under_torchrun
+from flows.train_launch import launch_spec, nproc_value
 from gptcore.config import Device, Precision, TrainingStage
 from gptcore.errors import ConfigError
 
@@ -55,7 +55,7 @@ def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
 
 
 def training_callbacks(
-    params: Any, stage: str, run_name: str | None = None, track: bool = False, params_file: Path | None = None
+    params: Any, stage: str, track: bool = False, params_file: Path | None = None
 ) -> list[Any]:
     """The callbacks `gptpipe train` runs with: JSON lines, and with `track` the MLflow run (the store is
     checked here, so an unreachable tracking server stops the command before any training)."""
@@ -69,8 +69,9 @@ def training_callbacks(
         session = TrackingSession.open(params.tracking)
         tags = {"stage": stage, "kind": "training", "source": "gptpipe train"}
         inputs = [params_file] if params_file else []
+        run_name = f"{Path(params_file).stem}-{stage}" if params_file else stage
         callback = session.training_callback(
-            run_name or stage, tags=tags, params=profile_params(params), artifacts=inputs
+            run_name, tags=tags, params=profile_params(params), artifacts=inputs
         )
         callbacks.append(callback)
     return callbacks
@@ -113,7 +114,6 @@ def preflight_inputs(
 
 
 def train_command(
-    ctx: typer.Context,
     iteration: int | None = typer.Option(None, "--iteration", min=1, help="params/iteration_N.yaml"),
     params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
     set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value (repeatable)"),
@@ -173,38 +173,27 @@ def train_command(
     preflight_inputs(params, train_tokens, validation_tokens, tokenizer)
     launch = dict(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
     spec = launch_spec(params, {**launch, "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id})
-    if spec is not None:  # several processes: this one launches them and watches
-        raise typer.Exit(relaunch_under_torchrun(spec, ctx))
     sources = _token_sources(params, stage, train_tokens, validation_tokens, synthetic)
     if sources[0] is None and not dry_run:
         raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
-    train_in_process(
-        params,
-        path,
-        stage,
-        sources,
-        checkpoint_directory=checkpoint_directory,
-        tokenizer=tokenizer,
+    run_name = f"{Path(path).stem}-{stage}"
+    job_fields = dict(
+        train_tokens=sources[0],
+        validation_tokens=sources[1],
+        checkpoint_directory=checkpoint_directory or Path(params.paths.checkpoint_root) / run_name,
         resume=resume,
         dry_run=dry_run,
-        track=not (no_track or dry_run),
+        tokenizer=tokenizer,
     )
+    track = not (no_track or dry_run)
+    if spec is not None:  # several processes: this one launches them, watches, and records
+        raise typer.Exit(train_launched(params, path, stage, spec, job_fields, track))
+    train_in_process(params, path, stage, job_fields, track)
 
 
-def train_in_process(
-    params: Any,
-    path: Path,
-    stage: str,
-    sources: tuple[Any, Any],
-    *,
-    checkpoint_directory: Path | None,
-    tokenizer: Path | None,
-    resume: bool,
-    dry_run: bool,
-    track: bool,
-) -> None:
-    """One rank of the training (the only one outside torchrun): JSON lines and, when `track`, the MLflow
-    run on the main rank; the MLflow run id travels in every checkpoint."""
+def train_in_process(params: Any, path: Path, stage: str, job_fields: dict[str, Any], track: bool) -> None:
+    """The training in this process (or one rank, where a user started this command under torchrun):
+    JSON lines and, when `track`, the MLflow run on the main rank, whose id travels in every checkpoint."""
     from gptcore.callbacks import CallbackList
     from gptcore.distributed import process_group
     from gptcore.runtime import resolve_device
@@ -212,25 +201,45 @@ def train_in_process(
     from tasks.tracking import training_metadata
 
     with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
-        run_name = f"{Path(path).stem}-{stage}"
-        directory = checkpoint_directory or Path(params.paths.checkpoint_root) / run_name
-        callbacks = training_callbacks(params, stage, run_name, track, Path(path)) if world.is_main else []
+        callbacks = (
+            training_callbacks(params, stage, track and world.is_main, Path(path)) if world.is_main else []
+        )
         metadata = training_metadata(callbacks)  # live: the MLflow run id lands in it when the run opens
         metadata.update({"params_file": str(path), "stage": stage})
         job = TrainJob.from_params(
-            params,
-            stage,
-            train_tokens=sources[0],
-            validation_tokens=sources[1],
-            checkpoint_directory=directory,
-            resume=resume,
-            dry_run=dry_run,
-            tokenizer=tokenizer,
-            metadata=metadata,
-            world_size=world.world_size,
-            rank=world.rank,
+            params, stage, metadata=metadata, world_size=world.world_size, rank=world.rank, **job_fields
         )
         train(job, CallbackList(callbacks))
+
+
+def train_launched(
+    params: Any, path: Path, stage: str, spec: Any, job_fields: dict[str, Any], track: bool
+) -> int:
+    """The training on `spec`'s processes under torchrun (`gptcore.rank`): JSON lines and the MLflow run
+    stay in this process, fed by rank 0's events. Returns the first failing rank's exit code, or 0."""
+    import sys
+    import tempfile
+
+    from gptcore.rank import launch_job
+    from gptcore.trainer import TrainJob
+    from tasks.tracking import open_training_run, training_metadata
+
+    callbacks = training_callbacks(params, stage, track, Path(path))
+    metadata = training_metadata(callbacks)
+    metadata.update({"params_file": str(path), "stage": stage})
+    if spec.nnodes == 1:  # this node holds rank 0: open the run now, so every checkpoint carries its id
+        open_training_run(callbacks, job_fields["checkpoint_directory"] if job_fields["resume"] else None)
+    job = TrainJob.from_params(params, stage, metadata=metadata, **job_fields)
+    print(f"launching {spec.nproc_per_node} process(es) per node under torchrun", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="gptpipe-job-") as folder:
+        code, _, failure = launch_job(
+            job, spec, callbacks, Path(folder), on_text=lambda line: print(line, file=sys.stderr, flush=True)
+        )
+    if code != 0 and failure is None:
+        from gptcore.callbacks import CallbackList
+
+        CallbackList(callbacks).on_failure(f"training on several processes failed with exit code {code}")
+    return code
 
 
 def generate_command(

@@ -1,6 +1,6 @@
 """Launching training under torchrun, as a watched subprocess.
 
-`torchrun_command` builds the command: `python -m gptcore.launch <torchrun flags> -m flows.cli train ...`.
+`torchrun_command` builds the command: `python -m gptcore.launch <torchrun flags> -m gptcore.rank JOB.json`.
 `gptcore.launch` run as a module is torchrun itself (`torch.distributed.run`) with two differences: it
 exits with the exit code of the first rank that failed (torchrun exits 1 whatever the rank did; a rank
 killed by a signal gives 128 + the signal, as shells do), and it stops its ranks when the process that
@@ -15,7 +15,6 @@ would leave ranks behind.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -29,11 +28,10 @@ from typing import IO, Any, Literal
 
 import psutil
 
-from gptcore.callbacks import TrainingCallback
 from gptcore.errors import ConfigError, TrainingError
 
 LAUNCHER_PID_VARIABLE = "GPTPIPE_LAUNCHER_PID"
-TRAIN_MODULE = "flows.cli"
+RANK_MODULE = "gptcore.rank"  # each rank rebuilds the saved job (see gptcore.rank)
 RDZV_BACKENDS = ("c10d", "static")
 
 
@@ -121,7 +119,7 @@ def worker_threads(nproc_per_node: int) -> int:
 
 
 def torchrun_command(
-    spec: LaunchSpec, train_args: Sequence[str], module: str = TRAIN_MODULE, python: str | None = None
+    spec: LaunchSpec, train_args: Sequence[str], module: str = RANK_MODULE, python: str | None = None
 ) -> list[str]:
     """The command that runs `python -m <module> <train_args>` once per rank under torchrun."""
     return [
@@ -241,57 +239,6 @@ def run_training_subprocess(
         except BaseException:
             stop_process_tree(process, grace_seconds)
             raise
-
-
-# --- JSON lines of a launched run back into callbacks --------------------------------------------------
-
-
-class JsonLinesReplay:
-    """Feeds a launched `gptpipe train`'s JSON lines (rank 0's) to a callback, as if in process; other
-    lines go to `on_text`. `summary` holds the summary line once it has come, `failure` the reason."""
-
-    def __init__(self, callback: TrainingCallback, on_text: Callable[[str], None] | None = None) -> None:
-        self.callback = callback
-        self.on_text = on_text or (lambda line: None)
-        self.startup: dict[str, Any] | None = None
-        self.summary: dict[str, Any] | None = None
-        self.failure: str | None = None
-
-    def __call__(self, line: str) -> None:
-        record = _json_record(line)
-        if record is None:
-            self.on_text(line)
-            return
-        event = record.pop("event")
-        if event == "startup":
-            self.startup = {"event": event, **record}
-            self.callback.on_start(self.startup)
-        elif event == "step":
-            self.callback.on_step(record)
-        elif event == "eval":
-            self.callback.on_eval(record)
-        elif event == "checkpoint":
-            from pathlib import Path
-
-            self.callback.on_checkpoint(Path(record.pop("path")), record)
-        elif event == "summary":
-            self.summary = {"event": event, **record}
-            self.callback.on_end(self.summary)
-        elif event == "failure":
-            self.failure = str(record.get("reason"))
-            self.callback.on_failure(self.failure)
-        else:
-            self.on_text(line)
-
-
-def _json_record(line: str) -> dict[str, Any] | None:
-    if not line.startswith("{"):
-        return None
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("event"), str) else None
 
 
 # --- the torchrun entry point (`python -m gptcore.launch ...`) -----------------------------------------

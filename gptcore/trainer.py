@@ -122,7 +122,8 @@ def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> dict[str,
 # --- the run ----------------------------------------------------------------------------------------
 
 
-def _defaults_source(job: TrainJob) -> DefaultsSource:
+def defaults_source(job: TrainJob) -> DefaultsSource:
+    """Batch size, precision and workers for a resolved device when the runtime request leaves them unset."""
     if job.device_defaults is not None:
         return job.device_defaults
     from gptcore.config import DeviceDefaults
@@ -186,7 +187,7 @@ class _Run:
         self.job = job
         self.events = events
         self.training = t = job.training
-        self.runtime: Runtime = resolve_runtime(job.runtime, _defaults_source(job))
+        self.runtime: Runtime = resolve_runtime(job.runtime, defaults_source(job))
         apply_runtime(self.runtime)
         self.plan = StepPlan(self.runtime.batch_size, self.runtime.grad_accum_steps, job.world_size, job.rank)
         self.train_set, self.val_set = self._open_data()

@@ -38,6 +38,7 @@ __all__ = [
     "TrackingError",
     "TrackingSession",
     "TrackingTarget",
+    "open_training_run",
     "resolve_target",
     "training_metadata",
 ]
@@ -104,6 +105,16 @@ def training_metadata(callbacks: list[Any]) -> dict[str, Any]:
         if isinstance(callback, MLflowCallback):
             return callback.metadata
     return {}
+
+
+def open_training_run(callbacks: list[Any], resumed_from: Path | None = None) -> None:
+    """Open the MLflow run of the callbacks' MLflowCallback now (continuing the run of the checkpoint a
+    resume starts from), before a launch, so the run id is in the job every rank saves checkpoints with."""
+    from gptcore.checkpoint import latest_checkpoint
+
+    for callback in callbacks:
+        if isinstance(callback, MLflowCallback):
+            callback.open(latest_checkpoint(resumed_from) if resumed_from else None)
 
 
 def _stage_fingerprint(manifest: dict[str, Any]) -> str | None:

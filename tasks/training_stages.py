@@ -7,6 +7,7 @@ rerun after a failure finds its checkpoints there and resumes from the latest on
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from pathlib import Path
@@ -120,8 +121,10 @@ def _train(
     directory: Path,
     callbacks: list[Any],
     resume: bool,
+    nproc: int = 1,
 ) -> dict[str, Any]:
-    """One gptcore training run; the trainer writes checkpoints into `directory`."""
+    """One gptcore training run, in this process or on `nproc` local processes under torchrun (their
+    events replayed into `callbacks` here); the trainer writes checkpoints into `directory`."""
     from gptcore.callbacks import CallbackList
     from gptcore.trainer import TrainJob, train
     from tasks.tracking import training_metadata
@@ -137,7 +140,37 @@ def _train(
         extra_fingerprint={"tokens": tokens.fingerprint},
         metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
     )
-    return train(job, CallbackList(callbacks))
+    if nproc == 1:
+        return train(job, CallbackList(callbacks))
+    return _train_launched(job, stage, directory, callbacks, resume, nproc)
+
+
+def _train_launched(
+    job: Any, stage: str, directory: Path, callbacks: list[Any], resume: bool, nproc: int
+) -> dict[str, Any]:
+    import tempfile
+
+    from gptcore.launch import LaunchSpec
+    from gptcore.rank import launch_job
+    from tasks.tracking import open_training_run
+
+    open_training_run(callbacks, directory if resume else None)  # its id in the job, so in checkpoints
+    log = _logger()
+    with tempfile.TemporaryDirectory(prefix="gptpipe-job-") as folder:
+        code, summary, failure = launch_job(job, LaunchSpec(nproc), callbacks, Path(folder), on_text=log.info)
+    if code != 0 or summary is None:
+        reason = failure or "see the run's logs"
+        raise TrainingError(f"{stage} training on {nproc} processes failed with exit code {code}: {reason}")
+    return summary
+
+
+def _logger() -> Any:
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # outside a flow or task run: Prefect raises MissingContextError
+        return logging.getLogger("gptpipe.training")
 
 
 def _headline(summary: dict[str, Any]) -> dict[str, Any]:
@@ -230,13 +263,10 @@ def full_task(
     planned = smoke.full_planned_steps or params.full.max_steps or 1
     progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
     callbacks = [progress, *run_context.get("callbacks", [])]
-    from tasks.launched_training import launched_nproc, train_launched
+    from gptcore.launch import resolve_nproc
 
-    nproc = launched_nproc(params)
-    if nproc > 1:  # torchrun ranks in subprocesses, their lines streamed and replayed into the callbacks
-        summary = train_launched(params, "full", tokens, directory, callbacks, resume_from is not None, nproc)
-    else:
-        summary = _train(params, "full", tokens, device, directory, callbacks, resume=resume_from is not None)
+    nproc = resolve_nproc(params.runtime.nproc, params.runtime.device)
+    summary = _train(params, "full", tokens, device, directory, callbacks, resume_from is not None, nproc)
     summary["start_step"] = progress.start_step
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]

@@ -150,7 +150,7 @@ def test_two_launchers_of_one_process_each_form_one_job(folder, reference):
 def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
     for child in psutil.Process(launcher.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.environ().get("RANK") == str(rank) and "flows.cli" in child.cmdline():
+            if child.environ().get("RANK") == str(rank) and "gptcore.rank" in child.cmdline():
                 return child
     raise AssertionError(f"rank {rank} not found under the launcher")
 

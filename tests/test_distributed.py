@@ -20,8 +20,8 @@ from gptcore.batches import StepPlan, epoch_order
 from gptcore.callbacks import TrainingCallback
 from gptcore.distributed import World, collective_timeout, rank_micro_batches, rank_range, world_from_env
 from gptcore.errors import ConfigError
+from gptcore.json_lines import JsonLinesReplay
 from gptcore.launch import (
-    JsonLinesReplay,
     LaunchCancelled,
     LaunchSpec,
     exit_code_of,
@@ -184,9 +184,9 @@ def test_the_fp16_overflow_check_agrees_across_ranks():
 
 
 def test_one_node_launch_is_standalone_and_several_nodes_name_the_rendezvous():
-    one = torchrun_command(LaunchSpec(2), ["train", "--max-steps", "3"], python="py")
+    one = torchrun_command(LaunchSpec(2), ["job.json"], python="py")
     launcher = ["py", "-m", "gptcore.launch", "--nproc-per-node", "2", "--standalone"]
-    assert one == [*launcher, "-m", "flows.cli", "train", "--max-steps", "3"]
+    assert one == [*launcher, "-m", "gptcore.rank", "job.json"]
     spec = LaunchSpec(1, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", rdzv_id="job7")
     assert spec.torchrun_flags() == [
         "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",

@@ -216,6 +216,19 @@ def test_killed_full_training_resumes_from_its_latest_checkpoint(
 
 
 @pytest.mark.slow
+def test_full_training_on_two_processes_records_into_the_stage_run(
+    tmp_path: Path, prefect_env: dict[str, str]
+) -> None:
+    write_corpus(tmp_path, seed=4)
+    result = gptpipe(prefect_env, "--params", str(write_params(tmp_path)), "--set", "runtime.nproc=2")
+    full = stages_of(result)["full"]
+    assert full["state"] == "completed" and full["figures"]["steps"] == 12
+    record = json.loads(next((tmp_path / "checkpoints").glob("*-full-*/final.json")).read_text())
+    assert record["config"]["global_batch"] == 8, "2 ranks of batch 4"
+    assert record["metadata"]["mlflow_run_id"], "the launched ranks' checkpoints carry the MLflow run id"
+
+
+@pytest.mark.slow
 def test_a_smoke_that_diverges_on_validation_stops_the_pipeline_before_full_training(
     tmp_path: Path, prefect_env: dict[str, str]
 ) -> None:

@@ -1,0 +1,157 @@
+"""Training on several processes: the launching side (`launch_job`) and one rank (`python -m gptcore.rank
+JOB.json`, which torchrun starts once per process).
+
+The launcher saves the `TrainJob` as JSON, starts torchrun over this module and reads rank 0's JSON
+lines back into its own callbacks (`gptcore.json_lines.JsonLinesReplay`): the person's JSON lines, the
+MLflow run and the pipeline's progress all live in the launching process, the ranks only train. The CLI
+(`gptpipe train --nproc N`) and the pipeline's full stage call `launch_job` alike.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptcore.callbacks import CallbackList, TrainingCallback
+from gptcore.config import (
+    DeviceDefaults,
+    FullTrainingConfig,
+    ModelConfig,
+    RuntimeConfig,
+    SmokeConfig,
+    TrainingConfig,
+)
+from gptcore.errors import GptpipeError
+from gptcore.tokenfile import TokenStream, open_tokens
+from gptcore.trainer import TrainJob, defaults_source
+
+_SECTIONS = {cls.__name__: cls for cls in (TrainingConfig, SmokeConfig, FullTrainingConfig)}
+
+
+def _section(value: TrainingConfig | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {"kind": type(value).__name__, "settings": value.model_dump(mode="json")}
+
+
+def _load_section(data: dict[str, Any] | None) -> TrainingConfig | None:
+    if data is None:
+        return None
+    return _SECTIONS[data["kind"]].model_validate_json(json.dumps(data["settings"]))
+
+
+def _source(source: Path | TokenStream | None, folder: Path, name: str) -> dict[str, str] | None:
+    """A token source as a file every rank opens: an in-memory stream (synthetic) is written beside the
+    job, under the name it had, so a run's identity (and its checkpoints' config) does not change."""
+    if source is None:
+        return None
+    if isinstance(source, TokenStream) and not Path(source.path).is_file():
+        path = folder / f"{name}.bin"
+        np.asarray(source.tokens).astype(np.uint16).tofile(path)
+        return {"file": str(path), "name": str(source.path)}
+    return {"file": str(source.path if isinstance(source, TokenStream) else source)}
+
+
+def _load_source(data: dict[str, str] | None) -> Path | TokenStream | None:
+    if data is None:
+        return None
+    if "name" not in data:
+        return Path(data["file"])
+    return TokenStream(Path(data["name"]), open_tokens(data["file"]).tokens, None)
+
+
+def save_job(job: TrainJob, folder: Path) -> Path:
+    """`folder/job.json`, and the token files of in-memory streams: what a rank rebuilds the job from."""
+    folder.mkdir(parents=True, exist_ok=True)
+    defaults = defaults_source(job)
+    data = {
+        "model": job.model.model_dump(mode="json"),
+        "runtime": job.runtime.model_dump(mode="json"),
+        "training": _section(job.training),
+        "schedule": _section(job.schedule),
+        "schedule_world_size": job.schedule_world_size,
+        "train_tokens": _source(job.train_tokens, folder, "train"),
+        "validation_tokens": _source(job.validation_tokens, folder, "validation"),
+        "checkpoint_directory": str(job.checkpoint_directory) if job.checkpoint_directory else None,
+        "resume": job.resume,
+        "dry_run": job.dry_run,
+        "device_defaults": {device: defaults(device).model_dump(mode="json") for device in ("cpu", "cuda")},
+        "tokenizer": str(job.tokenizer) if job.tokenizer else None,
+        "extra_fingerprint": job.extra_fingerprint,
+        "metadata": job.metadata,
+    }
+    path = folder / "job.json"
+    path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    return path
+
+
+def load_job(path: Path, world_size: int, rank: int) -> TrainJob:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    defaults = {
+        device: DeviceDefaults.model_validate_json(json.dumps(value))
+        for device, value in data["device_defaults"].items()
+    }
+    directory = data["checkpoint_directory"]
+    return TrainJob(
+        model=ModelConfig.model_validate_json(json.dumps(data["model"])),
+        runtime=RuntimeConfig.model_validate_json(json.dumps(data["runtime"])),
+        training=_load_section(data["training"]),
+        schedule=_load_section(data["schedule"]),
+        schedule_world_size=data["schedule_world_size"],
+        train_tokens=_load_source(data["train_tokens"]),
+        validation_tokens=_load_source(data["validation_tokens"]),
+        checkpoint_directory=Path(directory) if directory else None,
+        resume=data["resume"],
+        dry_run=data["dry_run"],
+        device_defaults=defaults.__getitem__,
+        tokenizer=Path(data["tokenizer"]) if data["tokenizer"] else None,
+        extra_fingerprint=data["extra_fingerprint"],
+        metadata=data["metadata"],
+        world_size=world_size,
+        rank=rank,
+    )
+
+
+def launch_job(
+    job: TrainJob, spec: Any, callbacks: list[TrainingCallback], folder: Path, on_text: Any = None
+) -> tuple[int, dict[str, Any] | None, str | None]:
+    """Run `job` on `spec`'s processes under torchrun; rank 0's events reach `callbacks` as they come.
+    Returns (exit code, the summary record or None, the failure reason or None)."""
+    from gptcore.json_lines import JsonLinesReplay
+    from gptcore.launch import launch_environment, run_training_subprocess, torchrun_command
+
+    job_file = save_job(job, folder)
+    replay = JsonLinesReplay(CallbackList(callbacks), on_text=on_text)
+    command = torchrun_command(spec, [str(job_file)])
+    code = run_training_subprocess(command, replay, env=launch_environment(spec))
+    return code, replay.summary, replay.failure
+
+
+def main(argv: list[str]) -> int:
+    """One rank: join the group, rebuild the job, train; rank 0 prints its events as JSON lines."""
+    from gptcore.distributed import leave_rank, process_group
+    from gptcore.json_lines import JsonLinesCallback
+    from gptcore.runtime import resolve_device
+    from gptcore.trainer import train
+
+    code = 0
+    try:
+        runtime = json.loads(Path(argv[0]).read_text(encoding="utf-8"))["runtime"]
+        with process_group(resolve_device(runtime["device"])) as world:
+            job = load_job(Path(argv[0]), world.world_size, world.rank)
+            train(job, JsonLinesCallback() if world.is_main else TrainingCallback())
+    except GptpipeError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        code = error.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    leave_rank(code)  # see gptcore.distributed.leave_rank: no interpreter finalization under Gloo
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
