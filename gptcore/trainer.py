@@ -13,10 +13,8 @@ from the checkpoint's is refused with the differing keys.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,16 +25,16 @@ import numpy as np
 import torch
 
 from gptcore import checkpoint as ckpt
-from gptcore.batches import BatchLoader, ExampleSet, StepPlan, epoch_order, open_examples
+from gptcore.batches import BatchLoader, StepPlan, epoch_order
 from gptcore.callbacks import TrainingCallback
 from gptcore.checkpointer import Checkpointer
 from gptcore.config import ModelConfig, PipelineParams, RuntimeConfig, TrainingConfig
 from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, grad_scaler
-from gptcore.errors import CheckpointError, ConfigError, DataError, GptpipeError, TrainingError
+from gptcore.errors import CheckpointError, GptpipeError, TrainingError
 from gptcore.evaluation import Evaluator
 from gptcore.fingerprint import code_version, fingerprint
 from gptcore.guards import DivergenceGuard, NonFiniteGuard
-from gptcore.model import GPT, optimizer_groups
+from gptcore.model import GPT
 from gptcore.performance import (
     FLOP_FORMULA,
     Throughput,
@@ -48,8 +46,16 @@ from gptcore.performance import (
     peak_memory_bytes,
     reset_peak_memory,
 )
+from gptcore.run_setup import (
+    data_parallel,
+    make_optimizer,
+    open_data,
+    planned_steps,
+    resume_config,
+    seed_everything,
+    warmup_cosine,
+)
 from gptcore.runtime import DefaultsSource, Runtime, apply_runtime, device_report, resolve_runtime
-from gptcore.schedule import WarmupCosine
 from gptcore.tokenfile import TokenStream
 from gptcore.train_state import TrainState
 
@@ -132,22 +138,6 @@ def defaults_source(job: TrainJob) -> DefaultsSource:
     return lambda device: (job.runtime.gpu if device == "cuda" else job.runtime.cpu) or fallback
 
 
-def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _flatten(f"{prefix}.{key}" if prefix else str(key), item, into)
-    else:
-        into[prefix] = value
-
-
-def _stream_identity(source: TokenSource | None) -> str | None:
-    if source is None:
-        return None
-    if isinstance(source, TokenStream):
-        return source.manifest.sha256 if source.manifest else f"{source.path.name}:{len(source)} tokens"
-    return f"{Path(source).name}:{Path(source).stat().st_size} bytes"
-
-
 def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
@@ -190,15 +180,15 @@ class _Run:
         self.runtime: Runtime = resolve_runtime(job.runtime, defaults_source(job))
         apply_runtime(self.runtime)
         self.plan = StepPlan(self.runtime.batch_size, self.runtime.grad_accum_steps, job.world_size, job.rank)
-        self.train_set, self.val_set = self._open_data()
-        self._seed(t.seed)
+        self.train_set, self.val_set = open_data(job, self.plan)
+        seed_everything(t.seed)
         self.model = GPT(job.model).to(self.runtime.device)
-        self.ddp = self._data_parallel()
+        self.ddp = data_parallel(self.model, job, self.runtime)
         replica = self.ddp or self.model
         self.forward = torch.compile(replica) if self.runtime.compile else replica
-        self.optimizer = self._optimizer()
-        self.planned_steps = self._planned_steps(t, self.plan)
-        self.schedule = self._schedule(job.schedule or t, job.schedule_world_size)
+        self.optimizer = make_optimizer(self.model, t, self.runtime)
+        self.planned_steps = planned_steps(t, self.train_set, self.plan)
+        self.schedule = warmup_cosine(job, self.train_set, self.plan)
         self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
         self.state = TrainState(self.plan.steps_per_epoch(self.train_set.count) if self.train_set else 1)
         self.checkpointer = Checkpointer(
@@ -231,7 +221,7 @@ class _Run:
             self.runtime.precision,
             enabled=job.schedule is None,
         )
-        self.config = self._resume_config()
+        self.config = resume_config(job, self.train_set, self.plan, self.runtime)
         self.fingerprint = fingerprint(self.config)
         self.resumed_from: Path | None = None
         self.last_train_loss: float | None = None
@@ -240,80 +230,6 @@ class _Run:
         self._measure()
 
     # --- setup ------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _seed(seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-
-    def _open_data(self) -> tuple[ExampleSet | None, ExampleSet | None]:
-        job, cfg = self.job, self.job.model
-        if job.train_tokens is None:
-            if not job.dry_run:
-                raise ConfigError("--train-tokens: a training token file is required (or --dry-run)")
-            return None, None
-        train = open_examples(
-            job.train_tokens, cfg.block_size, cfg.vocab_size, self.training.training_examples
-        )
-        if self.plan.steps_per_epoch(train.count) == 0:
-            raise DataError(
-                f"{train.stream.path}: {train.count} training examples fill no optimizer step of "
-                f"{self.plan.global_batch} (batch {self.plan.batch_size} x accumulation "
-                f"{self.plan.grad_accum_steps}); lower --batch-size/--grad-accum or add data"
-            )
-        validation = None
-        if job.validation_tokens is not None:
-            validation = open_examples(
-                job.validation_tokens,
-                cfg.block_size,
-                cfg.vocab_size,
-                self.training.validation_examples,
-                "validation",
-            )
-        return train, validation
-
-    def _data_parallel(self) -> torch.nn.parallel.DistributedDataParallel | None:
-        """DDP over the job's process group when there are several ranks: it starts every replica from
-        rank 0's weights and averages gradients across ranks during backward."""
-        if self.job.world_size == 1:
-            return None
-        if not torch.distributed.is_initialized():
-            raise ConfigError(
-                f"world size {self.job.world_size}: no process group; launch with --nproc (torchrun)"
-            )
-        cuda = self.runtime.device == "cuda"
-        devices = [torch.cuda.current_device()] if cuda else None
-        return torch.nn.parallel.DistributedDataParallel(self.model, device_ids=devices)
-
-    def _optimizer(self) -> torch.optim.Optimizer:
-        opt = self.training.optimizer
-        return torch.optim.AdamW(
-            optimizer_groups(self.model, opt.weight_decay),
-            lr=opt.learning_rate,
-            betas=(opt.beta1, opt.beta2),
-            fused=self.runtime.fused_adamw,
-            foreach=None if self.runtime.fused_adamw else True,
-        )
-
-    def _planned_steps(self, section: TrainingConfig, plan: StepPlan) -> int | None:
-        """Optimizer steps a run of `section` takes over this data with `plan`'s global batch: its
-        epochs, capped by max_steps."""
-        cap = section.max_steps
-        if self.train_set is None:
-            return cap
-        per_epoch = plan.steps_per_epoch(self.train_set.count_within(section.training_examples))
-        return min(per_epoch * section.epochs, cap or per_epoch * section.epochs)
-
-    def _schedule(self, section: TrainingConfig, world_size: int | None) -> WarmupCosine:
-        """Warmup then cosine decay over the planned steps of `section` (this run's, or the run it is the
-        first steps of, on its `world_size` ranks), at this run's optimizer's rates."""
-        plan = self.plan
-        if world_size is not None:
-            plan = StepPlan(plan.batch_size, plan.grad_accum_steps, world_size, 0)
-        opt, total = self.training.optimizer, self._planned_steps(section, plan) or 1
-        warmup = min(opt.warmup_steps, max(0, total - 1))
-        return WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
 
     def _measure(self) -> None:
         """FLOPs per token, the peak they are measured against, and the memory estimate."""
@@ -329,27 +245,6 @@ class _Run:
         self.estimate = estimate_memory(
             cfg, self.model.parameter_count(), runtime.batch_size, runtime.precision
         )
-
-    def _resume_config(self) -> dict[str, Any]:
-        """What determines the training trajectory: a resume must match it exactly. Per-device batch
-        and accumulation may change as long as the global batch stays (after an OOM, on more ranks)."""
-        t = self.training
-        config: dict[str, Any] = {}
-        _flatten("model", self.job.model.model_dump(), config)
-        _flatten("optimizer", t.optimizer.model_dump(), config)
-        config.update(
-            {
-                "training.seed": t.seed,
-                "training.epochs": t.epochs,
-                "training.max_steps": t.max_steps,
-                "training.training_examples": self.train_set.count if self.train_set else None,
-                "global_batch": self.plan.global_batch,
-                "precision": self.runtime.precision,
-                "data.train_tokens": _stream_identity(self.job.train_tokens),
-            }
-        )
-        _flatten("data", self.job.extra_fingerprint, config)
-        return json.loads(json.dumps(config, default=str))  # as the JSON sidecar will hold it
 
     # --- records ----------------------------------------------------------------------------------
 

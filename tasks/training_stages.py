@@ -54,13 +54,23 @@ def _training_code_version() -> str:
     """The modules whose code decides what training produces; an edit elsewhere in gptcore (data stages,
     tracking, the CLI) keeps finished training cached and a killed run resumable."""
     import gptcore.batches
+    import gptcore.cross_entropy
     import gptcore.distributed
+    import gptcore.evaluation
     import gptcore.model
+    import gptcore.run_setup
     import gptcore.schedule
     import gptcore.trainer
 
     return code_version_of(
-        gptcore.model, gptcore.trainer, gptcore.batches, gptcore.schedule, gptcore.distributed
+        gptcore.model,
+        gptcore.cross_entropy,
+        gptcore.trainer,
+        gptcore.run_setup,
+        gptcore.evaluation,
+        gptcore.batches,
+        gptcore.schedule,
+        gptcore.distributed,
     )
 
 
