@@ -201,9 +201,7 @@ def train_in_process(params: Any, path: Path, stage: str, job_fields: dict[str, 
     from tasks.tracking import training_metadata
 
     with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
-        callbacks = (
-            training_callbacks(params, stage, track and world.is_main, Path(path)) if world.is_main else []
-        )
+        callbacks = training_callbacks(params, stage, track, Path(path)) if world.is_main else []
         metadata = training_metadata(callbacks)  # live: the MLflow run id lands in it when the run opens
         metadata.update({"params_file": str(path), "stage": stage})
         job = TrainJob.from_params(
@@ -218,7 +216,6 @@ def train_launched(
     """The training on `spec`'s processes under torchrun (`gptcore.rank`): JSON lines and the MLflow run
     stay in this process, fed by rank 0's events. Returns the first failing rank's exit code, or 0."""
     import sys
-    import tempfile
 
     from gptcore.rank import launch_job
     from gptcore.trainer import TrainJob
@@ -231,14 +228,9 @@ def train_launched(
         open_training_run(callbacks, job_fields["checkpoint_directory"] if job_fields["resume"] else None)
     job = TrainJob.from_params(params, stage, metadata=metadata, **job_fields)
     print(f"launching {spec.nproc_per_node} process(es) per node under torchrun", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="gptpipe-job-") as folder:
-        code, _, failure = launch_job(
-            job, spec, callbacks, Path(folder), on_text=lambda line: print(line, file=sys.stderr, flush=True)
-        )
-    if code != 0 and failure is None:
-        from gptcore.callbacks import CallbackList
-
-        CallbackList(callbacks).on_failure(f"training on several processes failed with exit code {code}")
+    code, _, _ = launch_job(
+        job, spec, callbacks, on_text=lambda line: print(line, file=sys.stderr, flush=True)
+    )
     return code
 
 

@@ -62,7 +62,7 @@ class JsonLinesCallback(TrainingCallback):
 
 
 class JsonLinesReplay:
-    """Feeds a launched `gptpipe train`'s JSON lines (rank 0's) to a callback, as if in process; other
+    """Feeds a launched training's JSON lines (rank 0's) to a callback, as if in process; other
     lines go to `on_text`. `summary` holds the summary line once it has come, `failure` the reason."""
 
     def __init__(self, callback: TrainingCallback, on_text: Callable[[str], None] | None = None) -> None:

@@ -89,8 +89,12 @@ def save_job(job: TrainJob, folder: Path) -> Path:
     return path
 
 
-def load_job(path: Path, world_size: int, rank: int) -> TrainJob:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+def read_job(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
+    """The saved job (`read_job`) as this rank's."""
     defaults = {
         device: DeviceDefaults.model_validate_json(json.dumps(value))
         for device, value in data["device_defaults"].items()
@@ -117,17 +121,24 @@ def load_job(path: Path, world_size: int, rank: int) -> TrainJob:
 
 
 def launch_job(
-    job: TrainJob, spec: Any, callbacks: list[TrainingCallback], folder: Path, on_text: Any = None
+    job: TrainJob, spec: Any, callbacks: list[TrainingCallback], on_text: Any = None
 ) -> tuple[int, dict[str, Any] | None, str | None]:
-    """Run `job` on `spec`'s processes under torchrun; rank 0's events reach `callbacks` as they come.
+    """Run `job` on `spec`'s processes under torchrun; rank 0's events reach `callbacks` as they come, and
+    a launch that ends without rank 0 saying why (a rank killed) reaches their `on_failure` too.
     Returns (exit code, the summary record or None, the failure reason or None)."""
+    import tempfile
+
     from gptcore.json_lines import JsonLinesReplay
     from gptcore.launch import launch_environment, run_training_subprocess, torchrun_command
 
-    job_file = save_job(job, folder)
-    replay = JsonLinesReplay(CallbackList(callbacks), on_text=on_text)
-    command = torchrun_command(spec, [str(job_file)])
-    code = run_training_subprocess(command, replay, env=launch_environment(spec))
+    events = CallbackList(callbacks)
+    replay = JsonLinesReplay(events, on_text=on_text)
+    with tempfile.TemporaryDirectory(prefix="gptpipe-job-") as folder:
+        command = torchrun_command(spec, [str(save_job(job, Path(folder)))])
+        code = run_training_subprocess(command, replay, env=launch_environment(spec))
+    if code != 0 and replay.failure is None:
+        replay.failure = f"training on several processes failed with exit code {code}"
+        events.on_failure(replay.failure)
     return code, replay.summary, replay.failure
 
 
@@ -140,9 +151,9 @@ def main(argv: list[str]) -> int:
 
     code = 0
     try:
-        runtime = json.loads(Path(argv[0]).read_text(encoding="utf-8"))["runtime"]
-        with process_group(resolve_device(runtime["device"])) as world:
-            job = load_job(Path(argv[0]), world.world_size, world.rank)
+        data = read_job(Path(argv[0]))
+        with process_group(resolve_device(data["runtime"]["device"])) as world:
+            job = load_job(data, world.world_size, world.rank)
             train(job, JsonLinesCallback() if world.is_main else TrainingCallback())
     except GptpipeError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)

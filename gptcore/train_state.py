@@ -1,5 +1,5 @@
-"""Where a run is: optimizer steps taken and the best validation loss so far. The epoch and the
-position in its shuffled order follow from the step, so they are derived, never stored."""
+"""Where a run is: optimizer steps taken and the best validation loss so far. The epoch follows from the
+step, so it is derived, never stored."""
 
 from __future__ import annotations
 
@@ -17,10 +17,6 @@ class TrainState:
     def epoch(self) -> int:
         """The epoch the next step draws from."""
         return self.step // self.steps_per_epoch
-
-    @property
-    def step_in_epoch(self) -> int:
-        return self.step % self.steps_per_epoch
 
     def improves(self, val_loss: float) -> bool:
         """Whether `val_loss` beats the best so far (and records it when it does)."""

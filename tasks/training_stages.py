@@ -158,16 +158,12 @@ def _train(
 def _train_launched(
     job: Any, stage: str, directory: Path, callbacks: list[Any], resume: bool, nproc: int
 ) -> dict[str, Any]:
-    import tempfile
-
     from gptcore.launch import LaunchSpec
     from gptcore.rank import launch_job
     from tasks.tracking import open_training_run
 
     open_training_run(callbacks, directory if resume else None)  # its id in the job, so in checkpoints
-    log = _logger()
-    with tempfile.TemporaryDirectory(prefix="gptpipe-job-") as folder:
-        code, summary, failure = launch_job(job, LaunchSpec(nproc), callbacks, Path(folder), on_text=log.info)
+    code, summary, failure = launch_job(job, LaunchSpec(nproc), callbacks, on_text=_logger().info)
     if code != 0 or summary is None:
         reason = failure or "see the run's logs"
         raise TrainingError(f"{stage} training on {nproc} processes failed with exit code {code}: {reason}")
