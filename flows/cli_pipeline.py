@@ -34,6 +34,6 @@ def run(
         from gptcore import runtime  # noqa: F401  (torch)
         from tasks.tracking import TrackingSession
 
-        TrackingSession.prepare(checked.tracking)
+        TrackingSession.open(checked.tracking)  # checked now; the flow's own open reuses MLflow's store
     server.wait()
     end_to_end(params_path=str(params_path), overrides=list(overrides), until=until)

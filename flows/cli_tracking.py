@@ -43,7 +43,7 @@ def ui_command(
     port: int = typer.Option(5000, "--port", min=1, max=65535),
 ) -> None:
     """Start the MLflow UI (`mlflow server`) over the tracking store and print its URL."""
-    from tasks.tracking_store import redact, resolve_target
+    from tasks.tracking.store import redact, resolve_target
 
     _, params = resolve_params(params_file, iteration, [])
     target = resolve_target(params.tracking)

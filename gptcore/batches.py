@@ -95,6 +95,17 @@ class StepPlan:
     def steps_per_epoch(self, count: int) -> int:
         return count // self.global_batch
 
+    def micro_batch_indices(self, count: int, seed: int, start: int, stop: int) -> Iterator[np.ndarray]:
+        """This rank's micro-batches of steps `start`..`stop - 1`, each epoch in its seeded order: the
+        data of a step follows from (seed, step) alone, which is what makes a resume exact."""
+        per_epoch = self.steps_per_epoch(count)
+        order_of: tuple[int, np.ndarray] | None = None
+        for step in range(start, stop):
+            epoch, position = divmod(step, per_epoch)
+            if order_of is None or order_of[0] != epoch:
+                order_of = (epoch, epoch_order(count, seed, epoch))
+            yield from self.micro_batches(order_of[1], position)
+
     def micro_batches(self, order: np.ndarray, step_in_epoch: int) -> list[np.ndarray]:
         """This rank's micro-batches (example indices) of one optimizer step; see
         `gptcore.distributed.rank_micro_batches` for why the step's examples do not depend on ranks."""

@@ -19,14 +19,7 @@ from typing import Any
 
 from gptcore.callbacks import TrainingCallback
 from gptcore.errors import ConfigError, GptpipeError
-from gptcore.records import (
-    END_METRICS,
-    EVAL_METRICS,
-    STEP_METRICS,
-    finite_metrics,
-    profile_params,
-    startup_params,
-)
+from gptcore.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord, profile_params
 
 AXES = ("device", "precision", "batch_size")
 # Params every compared run must share (the axis itself aside), as recorded under the run-record names.
@@ -279,16 +272,16 @@ class RunRecord(TrainingCallback):
         self.metrics: dict[str, float] = {}
 
     def on_start(self, startup: dict[str, Any]) -> None:
-        self.params = {k: str(v) for k, v in {**startup_params(startup), **self.extra}.items()}
+        self.params = {k: str(v) for k, v in {**StartupRecord.params(startup), **self.extra}.items()}
 
     def on_step(self, metrics: dict[str, Any]) -> None:
-        self.metrics.update(finite_metrics(metrics, STEP_METRICS))
+        self.metrics.update(StepRecord.metrics(metrics))
 
     def on_eval(self, metrics: dict[str, Any]) -> None:
-        self.metrics.update(finite_metrics(metrics, EVAL_METRICS))
+        self.metrics.update(EvalRecord.metrics(metrics))
 
     def on_end(self, summary: dict[str, Any]) -> None:
-        self.metrics.update(finite_metrics(summary, END_METRICS))
+        self.metrics.update(SummaryRecord.metrics(summary))
 
     def record(self) -> dict[str, Any]:
         return {"run_id": None, "params": self.params, "metrics": self.metrics}

@@ -8,13 +8,13 @@ also reports the unigram baseline (the loss a model that ignores context reaches
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
 
 from gptcore.batches import BatchLoader, ExampleSet, unigram_loss
 from gptcore.distributed import all_reduce_sum, rank_range
+from gptcore.records import EvalRecord
 from gptcore.runtime import Runtime
 
 
@@ -47,7 +47,7 @@ class Evaluator:
         return self.at_start and step == 0
 
     @torch.no_grad()
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, Any] | None:
+    def __call__(self, model: torch.nn.Module, step: int) -> EvalRecord | None:
         """The evaluation record at `step`, or None without validation examples."""
         if self.validation is None:
             return None
@@ -63,13 +63,12 @@ class Evaluator:
             total += loss.double() * x.shape[0]
         model.train()
         self.last_val_loss = float(all_reduce_sum(total).item()) / self.validation.count
-        record: dict[str, Any] = {
-            "step": step,
-            "val_loss": self.last_val_loss,
-            "val_perplexity": math.exp(min(self.last_val_loss, 700.0)),
-        }
-        if self.unigram is None:
-            vocab_size = model.config.vocab_size
-            self.unigram = unigram_loss(self.train, self.validation, vocab_size)
-            record["unigram_val_loss"] = self.unigram
-        return record
+        first = self.unigram is None
+        if first:  # the baseline a model must beat, once per run
+            self.unigram = unigram_loss(self.train, self.validation, model.config.vocab_size)
+        return EvalRecord(
+            step=step,
+            val_loss=self.last_val_loss,
+            val_perplexity=math.exp(min(self.last_val_loss, 700.0)),
+            unigram_val_loss=self.unigram if first else None,
+        )

@@ -210,3 +210,44 @@ class Throughput:
     @property
     def tokens_per_second(self) -> float:
         return self.steps_per_second * self.tokens_per_step
+
+
+@dataclass(frozen=True)
+class RunMeasures:
+    """What a run's speed and memory are judged by: model FLOPs per token, the peak FLOP/s they are
+    measured against (every rank's, since tokens/s are the whole job's), and the memory estimate."""
+
+    flops_per_token: int
+    peak_flops: float
+    peak_flops_source: str
+    estimated_memory: dict[str, int]
+
+    @classmethod
+    def of(
+        cls,
+        config: ModelConfig,
+        model: torch.nn.Module,
+        device: str,
+        precision: str,
+        tf32: bool,
+        batch_size: int,
+        world_size: int = 1,
+    ) -> RunMeasures:
+        """Measured for `model` (a GPT) at this batch size; the CPU peak takes about 0.1 s to measure."""
+        shapes = model_matmul_shapes(config, batch_size * config.block_size)
+        peak, source = peak_flops(device, precision, tf32, shapes, seconds=0.1)
+        if world_size > 1:
+            peak, source = peak * world_size, f"{source} x {world_size} ranks"
+        return cls(
+            flops_per_token(config, model.matmul_parameter_count()),
+            peak,
+            source,
+            estimate_memory(config, model.parameter_count(), batch_size, precision),
+        )
+
+    @property
+    def estimated_peak_memory_bytes(self) -> int:
+        return self.estimated_memory["total"]
+
+    def mfu(self, tokens_per_second: float) -> float:
+        return mfu(tokens_per_second, self.flops_per_token, self.peak_flops)

@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from gptcore import checkpoint as ckpt
-from gptcore.batches import BatchLoader, StepPlan, epoch_order
+from gptcore.batches import BatchLoader, StepPlan
 from gptcore.callbacks import TrainingCallback
 from gptcore.checkpointer import Checkpointer
 from gptcore.config import ModelConfig, PipelineParams, RuntimeConfig, TrainingConfig
@@ -33,19 +32,10 @@ from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, g
 from gptcore.errors import CheckpointError, GptpipeError, TrainingError
 from gptcore.evaluation import Evaluator
 from gptcore.fingerprint import code_version, fingerprint
-from gptcore.guards import DivergenceGuard, NonFiniteGuard
+from gptcore.guards import DivergenceGuard, NonFiniteGuard, is_out_of_memory, out_of_memory_advice
 from gptcore.model import GPT
-from gptcore.performance import (
-    FLOP_FORMULA,
-    Throughput,
-    estimate_memory,
-    flops_per_token,
-    mfu,
-    model_matmul_shapes,
-    peak_flops,
-    peak_memory_bytes,
-    reset_peak_memory,
-)
+from gptcore.performance import FLOP_FORMULA, RunMeasures, Throughput, peak_memory_bytes, reset_peak_memory
+from gptcore.records import StartupRecord, StepRecord, SummaryRecord
 from gptcore.run_setup import (
     data_parallel,
     make_optimizer,
@@ -138,12 +128,6 @@ def defaults_source(job: TrainJob) -> DefaultsSource:
     return lambda device: (job.runtime.gpu if device == "cuda" else job.runtime.cpu) or fallback
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-
-
 def accumulate_gradients(
     forward: Any,
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
@@ -227,94 +211,78 @@ class _Run:
         self.last_train_loss: float | None = None
         self.tokens_per_step = self.plan.global_batch * job.model.block_size
         self.meter = Throughput(self.tokens_per_step)
-        self._measure()
-
-    # --- setup ------------------------------------------------------------------------------------
-
-    def _measure(self) -> None:
-        """FLOPs per token, the peak they are measured against, and the memory estimate."""
-        cfg, runtime = self.job.model, self.runtime
-        self.flops_token = flops_per_token(cfg, self.model.matmul_parameter_count())
-        shapes = model_matmul_shapes(cfg, runtime.batch_size * cfg.block_size)
-        self.peak, self.peak_source = peak_flops(
-            runtime.device, runtime.precision, runtime.tf32_enabled, shapes, seconds=0.1
-        )
-        if self.job.world_size > 1:  # tokens/s are the whole job's: divide by every rank's peak
-            self.peak *= self.job.world_size
-            self.peak_source = f"{self.peak_source} x {self.job.world_size} ranks"
-        self.estimate = estimate_memory(
-            cfg, self.model.parameter_count(), runtime.batch_size, runtime.precision
+        r = self.runtime
+        self.measures = RunMeasures.of(
+            job.model, self.model, r.device, r.precision, r.tf32_enabled, r.batch_size, job.world_size
         )
 
     # --- records ----------------------------------------------------------------------------------
 
-    def startup_record(self) -> dict[str, Any]:
-        cfg, runtime = self.job.model, self.runtime
-        report = device_report(runtime.device)
-        return {
-            "event": "startup",
+    def startup_record(self) -> StartupRecord:
+        cfg, measures, training = self.job.model, self.measures, self.training
+        report = device_report(self.runtime.device)
+        directory = self.job.checkpoint_directory
+        return StartupRecord(
             **{k: report[k] for k in ("processor", "gpu_name", "gpu_memory_bytes", "torch_version")},
-            "cuda_available": report["cuda_available"],
-            **runtime.to_dict(),
-            "sequence_length": cfg.block_size,
-            "parameter_count": self.model.parameter_count(),
-            "matmul_parameter_count": self.model.matmul_parameter_count(),
-            "max_steps": self.training.max_steps,
-            "epochs": self.training.epochs,
-            "planned_steps": self.planned_steps,
-            "schedule_steps": self.schedule.total_steps,  # the full run's, for a smoke run
-            "warmup_steps": self.schedule.warmup_steps,
-            "tokens_per_step": self.tokens_per_step,
-            "planned_tokens": self.planned_steps * self.tokens_per_step if self.planned_steps else None,
-            "train_examples": self.train_set.count if self.train_set else None,
-            "validation_examples": self.val_set.count if self.val_set else None,
-            "steps_per_epoch": self.state.steps_per_epoch if self.train_set else None,
-            "estimated_peak_memory_bytes": self.estimate["total"],
-            "estimated_memory": self.estimate,
-            "flops_per_token": self.flops_token,
-            "flop_formula": FLOP_FORMULA,
-            "peak_flops": self.peak,
-            "peak_flops_source": self.peak_source,
-            "checkpoint_directory": str(self.job.checkpoint_directory)
-            if self.job.checkpoint_directory
-            else None,
-            "world_size": self.job.world_size,
-            "per_rank_batch_size": self.plan.batch_size,
-            "global_batch": self.plan.global_batch,
-            "start_step": self.state.step,
-            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
-            "fingerprint": self.fingerprint,
-            "dry_run": self.job.dry_run,
-        }
+            cuda_available=report["cuda_available"],
+            **self.runtime.to_dict(),
+            sequence_length=cfg.block_size,
+            parameter_count=self.model.parameter_count(),
+            matmul_parameter_count=self.model.matmul_parameter_count(),
+            max_steps=training.max_steps,
+            epochs=training.epochs,
+            planned_steps=self.planned_steps,
+            schedule_steps=self.schedule.total_steps,
+            warmup_steps=self.schedule.warmup_steps,
+            tokens_per_step=self.tokens_per_step,
+            planned_tokens=self.planned_steps * self.tokens_per_step if self.planned_steps else None,
+            train_examples=self.train_set.count if self.train_set else None,
+            validation_examples=self.val_set.count if self.val_set else None,
+            steps_per_epoch=self.state.steps_per_epoch if self.train_set else None,
+            estimated_peak_memory_bytes=measures.estimated_peak_memory_bytes,
+            estimated_memory=measures.estimated_memory,
+            flops_per_token=measures.flops_per_token,
+            flop_formula=FLOP_FORMULA,
+            peak_flops=measures.peak_flops,
+            peak_flops_source=measures.peak_flops_source,
+            checkpoint_directory=str(directory) if directory else None,
+            world_size=self.job.world_size,
+            per_rank_batch_size=self.plan.batch_size,
+            global_batch=self.plan.global_batch,
+            start_step=self.state.step,
+            resumed_from=str(self.resumed_from) if self.resumed_from else None,
+            fingerprint=self.fingerprint,
+            dry_run=self.job.dry_run,
+        )
 
-    def summary(self, started: float) -> dict[str, Any]:
+    def summary(self, started: float, start_step: int) -> SummaryRecord:
         trained = not self.job.dry_run
         steps_per_second = self.meter.steps_per_second if trained else 0.0
         tokens_per_second = self.meter.tokens_per_second if trained else 0.0
         planned = self.planned_steps or 0
         saved = self.checkpointer.saved
-        return {
-            "event": "summary",
-            "steps": self.state.step,
-            "planned_steps": self.planned_steps,
-            "tokens_per_second": tokens_per_second,
-            "steps_per_second": steps_per_second,
-            "mfu": mfu(tokens_per_second, self.flops_token, self.peak),
-            "peak_flops": self.peak,
-            "peak_memory_bytes": peak_memory_bytes(self.runtime.device),
-            "estimated_peak_memory_bytes": self.estimate["total"],
-            "final_train_loss": self.last_train_loss,
-            "final_val_loss": self.evaluator.last_val_loss,
-            "best_val_loss": self.state.best_val_loss,
-            "unigram_val_loss": self.evaluator.unigram,
-            "elapsed_seconds": time.perf_counter() - started,
-            "estimated_total_seconds": planned / steps_per_second if steps_per_second > 0 else None,
-            "checkpoint_save_seconds": self.checkpointer.seconds,
-            "final_checkpoint": saved.get("final"),
-            "best_checkpoint": saved.get("best"),
-            "latest_checkpoint": saved.get("latest"),
-            "dry_run": self.job.dry_run,
-        }
+        return SummaryRecord(
+            steps=self.state.step,
+            planned_steps=self.planned_steps,
+            tokens_per_second=tokens_per_second,
+            steps_per_second=steps_per_second,
+            mfu=self.measures.mfu(tokens_per_second),
+            peak_flops=self.measures.peak_flops,
+            peak_memory_bytes=peak_memory_bytes(self.runtime.device),
+            estimated_peak_memory_bytes=self.measures.estimated_peak_memory_bytes,
+            final_train_loss=self.last_train_loss,
+            final_val_loss=self.evaluator.last_val_loss,
+            best_val_loss=self.state.best_val_loss,
+            unigram_val_loss=self.evaluator.unigram,
+            elapsed_seconds=time.perf_counter() - started,
+            estimated_total_seconds=planned / steps_per_second if steps_per_second > 0 else None,
+            checkpoint_save_seconds=self.checkpointer.seconds,
+            final_checkpoint=saved.get("final"),
+            best_checkpoint=saved.get("best"),
+            latest_checkpoint=saved.get("latest"),
+            start_step=start_step,
+            dry_run=self.job.dry_run,
+        )
 
     # --- resume and checkpoints -------------------------------------------------------------------
 
@@ -381,21 +349,12 @@ class _Run:
         record = self.evaluator(self.model, self.state.step)
         if record is None:
             return
-        self.events.on_eval(record)
-        self.divergence.check(self.state.step, record["val_loss"], self.checkpointer.last_good)
-        if self.state.step > 0 and self.state.improves(record["val_loss"]):  # step 0: nobody's best
+        self.events.on_eval(record.to_dict())
+        self.divergence.check(self.state.step, record.val_loss, self.checkpointer.last_good)
+        if self.state.step > 0 and self.state.improves(record.val_loss):  # step 0: nobody's best
             self.save("best")
 
     # --- the loop ---------------------------------------------------------------------------------
-
-    def _micro_batch_indices(self) -> Iterator[np.ndarray]:
-        per_epoch = self.state.steps_per_epoch
-        order_of: tuple[int, np.ndarray] | None = None
-        for step in range(self.state.step, self.planned_steps):
-            epoch, position = divmod(step, per_epoch)
-            if order_of is None or order_of[0] != epoch:
-                order_of = (epoch, epoch_order(self.train_set.count, self.training.seed, epoch))
-            yield from self.plan.micro_batches(order_of[1], position)
 
     def _grad_norm(self, clip: float) -> torch.Tensor:
         parameters = [p for p in self.model.parameters() if p.grad is not None]
@@ -411,18 +370,17 @@ class _Run:
                 "is kept): lower the learning rate or use --precision bf16/fp32"
             )
         steps_per_second, tokens_per_second = self.meter.take_interval()
-        self.events.on_step(
-            {
-                "step": step,
-                "train_loss": self.last_train_loss,
-                "learning_rate": self.schedule.rate(step - 1),
-                "grad_norm": float(grad_norm.item()),
-                "tokens_per_second": tokens_per_second,
-                "steps_per_second": steps_per_second,
-                "mfu": mfu(tokens_per_second, self.flops_token, self.peak),
-                "epoch": (step - 1) // self.state.steps_per_epoch,
-            }
+        record = StepRecord(
+            step=step,
+            train_loss=self.last_train_loss,
+            learning_rate=self.schedule.rate(step - 1),
+            grad_norm=float(grad_norm.item()),
+            tokens_per_second=tokens_per_second,
+            steps_per_second=steps_per_second,
+            mfu=self.measures.mfu(tokens_per_second),
+            epoch=(step - 1) // self.state.steps_per_epoch,
         )
+        self.events.on_step(record.to_dict())
 
     def _optimizer_step(self, batches: Iterator[Any], logging: bool) -> tuple[torch.Tensor, Any, float]:
         """Gradients of the next global batch, clipped, applied at the schedule's rate. Returns the summed
@@ -448,7 +406,10 @@ class _Run:
         loader = BatchLoader(
             self.train_set, self.runtime.device, self.runtime.pin_memory, self.runtime.workers
         )
-        batches = loader.batches(self._micro_batch_indices())
+        indices = self.plan.micro_batch_indices(
+            self.train_set.count, t.seed, self.state.step, self.planned_steps
+        )
+        batches = loader.batches(indices)
         loss_sum = torch.zeros((), device=self.runtime.device)
         interval = 0
         self.meter.start()
@@ -497,11 +458,10 @@ class _Run:
         started = time.perf_counter()
         if self.job.resume and not self.job.dry_run:
             self.restore()
-        self.events.on_start(self.startup_record())
+        start_step = self.state.step
+        self.events.on_start(self.startup_record().to_dict())
         if self.job.dry_run:
-            summary = self.summary(started)
-            self.events.on_end(summary)
-            return summary
+            return self.end(started, start_step)
         reset_peak_memory(self.runtime.device)
         try:
             if self.evaluator.due_at_start(self.state.step):
@@ -510,22 +470,22 @@ class _Run:
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):
                 raise
-            raise TrainingError(self._oom_advice()) from None
+            r = self.runtime
+            raise TrainingError(
+                out_of_memory_advice(
+                    r.device,
+                    r.batch_size,
+                    r.grad_accum_steps,
+                    self.plan.global_batch,
+                    self.measures.estimated_peak_memory_bytes,
+                    self.checkpointer.latest(),
+                )
+            ) from None
         self.evaluate()
         self.save("final")
-        summary = self.summary(started)
+        return self.end(started, start_step)
+
+    def end(self, started: float, start_step: int) -> dict[str, Any]:
+        summary = self.summary(started, start_step).to_dict()
         self.events.on_end(summary)
         return summary
-
-    def _oom_advice(self) -> str:
-        if self.runtime.device == "cuda":
-            torch.cuda.empty_cache()
-        batch, accum = self.runtime.batch_size, self.runtime.grad_accum_steps
-        last = self.checkpointer.latest()
-        kept = f"the last checkpoint {last} is kept: add --resume to continue from it, or use a fresh "
-        return (
-            f"out of memory on {self.runtime.device} at batch size {batch} (estimated peak "
-            f"{self.estimate['total'] / 2**30:.1f} GiB): rerun with --batch-size {max(1, batch // 2)} "
-            f"--grad-accum {accum * 2} to keep the effective batch of {self.plan.global_batch}; "
-            + (kept + "--checkpoint-directory" if last else "no checkpoint had been written yet")
-        )

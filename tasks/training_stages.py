@@ -19,6 +19,7 @@ from gptcore.atomic_write import write_json_atomic
 from gptcore.config import PipelineParams, TrainingConfig
 from gptcore.errors import TrainingError
 from gptcore.fingerprint import code_version_of, fingerprint
+from gptcore.records import SummaryRecord
 from tasks.caching import fingerprint_key
 from tasks.progress import PrefectProgress
 from tasks.smoke_gate import estimate_full_seconds, judge, memory_limit
@@ -27,22 +28,6 @@ from tasks.stage_results import DeviceResult, FullResult, SmokeResult, TokensRes
 SMOKE_RECORD = "smoke.json"
 # Runtime fields that change what training computes (threads and pinning do not).
 _RUNTIME_KEYS = ("device", "precision", "batch_size", "grad_accum_steps", "compile")
-# Summary figures the report and the MLflow run show for a training stage.
-_HEADLINE = (
-    "final_val_loss",
-    "unigram_val_loss",
-    "final_train_loss",
-    "tokens_per_second",
-    "steps_per_second",
-    "mfu",
-    "peak_memory_bytes",
-    "estimated_peak_memory_bytes",
-    "steps",
-    "planned_steps",
-    "elapsed_seconds",
-    "estimated_total_seconds",
-    "start_step",
-)
 
 
 def announce(message: str) -> None:
@@ -179,10 +164,6 @@ def _logger() -> Any:
         return logging.getLogger("gptpipe.training")
 
 
-def _headline(summary: dict[str, Any]) -> dict[str, Any]:
-    return {key: summary[key] for key in _HEADLINE if key in summary}
-
-
 @task(name="smoke", cache_key_fn=fingerprint_key("smoke"), persist_result=True)
 def smoke_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, device: DeviceResult, run_context: dict
@@ -227,7 +208,7 @@ def smoke_task(
         files=file_record(record_path),
         outputs=[str(record_path)],
         figures={
-            **_headline(summary),
+            **SummaryRecord.headline(summary),
             "first_train_loss": gate.first_train_loss,
             "last_train_loss": gate.last_train_loss,
             "first_val_loss": gate.first_val_loss,
@@ -273,7 +254,6 @@ def full_task(
 
     nproc = resolve_nproc(params.runtime.nproc, params.runtime.device)
     summary = _train(params, "full", tokens, device, directory, callbacks, resume_from is not None, nproc)
-    summary["start_step"] = progress.start_step
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
     return FullResult(
@@ -282,5 +262,5 @@ def full_task(
         summary=summary,
         files=file_record(*outputs),
         outputs=[str(path) for path in outputs],
-        figures=_headline(summary),
+        figures=SummaryRecord.headline(summary),
     )

@@ -1,0 +1,26 @@
+"""MLflow tracking, one package: where records go and what never goes there (`store`), the one
+writer every call goes through (`writer`), a training run's callback on top of it (`callback`), a
+checked session on one experiment (`session`), and a flow run's parent and stage runs (`recorder`).
+
+Run ids are passed explicitly everywhere: nothing uses MLflow's thread-local active run.
+"""
+
+from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
+from tasks.tracking.recorder import PipelineRecorder
+from tasks.tracking.session import TrackingSession, open_training_run, training_metadata
+from tasks.tracking.store import TrackingError, TrackingTarget, resolve_target
+from tasks.tracking.writer import RunWriter, WriterReport
+
+__all__ = [
+    "RUN_ID_KEY",
+    "MLflowCallback",
+    "PipelineRecorder",
+    "RunWriter",
+    "TrackingError",
+    "TrackingSession",
+    "TrackingTarget",
+    "WriterReport",
+    "open_training_run",
+    "resolve_target",
+    "training_metadata",
+]

@@ -1,0 +1,233 @@
+"""The MLflow side of a training run: a `TrainingCallback` that records it under the run-record names.
+
+Every call goes through a `RunWriter` (`tasks.tracking.writer`), so a training step never waits on the
+store: creating the run waits at most `answer_seconds`, and a store that does not answer then leaves
+the training untracked (a warning says so) rather than held. Failed calls are retried and counted;
+the counts are reported at the end (stderr and the run's `tracking.*` tags).
+Every call names its run id: MLflow's active run is per thread, and Prefect runs tasks on worker threads.
+
+A resumed training continues its own run: the run id travels in each checkpoint's metadata
+(`self.metadata`, which the trainer writes into every checkpoint record), and `open` finds it again
+from the checkpoint a resume starts from.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from gptcore.callbacks import TrainingCallback
+from gptcore.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
+from tasks.tracking.store import redact
+from tasks.tracking.writer import RunWriter
+
+RUN_ID_KEY = "mlflow_run_id"
+
+
+class MLflowCallback(TrainingCallback):
+    """Records one training run in MLflow: params at start, metrics per interval and evaluation,
+    end figures, the final and best checkpoints as artifacts, the latest checkpoint path as a tag."""
+
+    def __init__(
+        self,
+        client: Any,
+        tracking_uri: str,
+        experiment_id: str,
+        run_name: str,
+        *,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        artifacts: list[Path] | None = None,
+        system_metrics: bool = True,
+        log_checkpoints: bool = True,
+        flush_seconds: float = 1.0,
+        retries: int = 3,
+        backoff_seconds: float = 0.5,
+        answer_seconds: float = 30.0,
+        stream: Any = None,
+    ) -> None:
+        self.client = client
+        self.tracking_uri = tracking_uri
+        self.experiment_id = experiment_id
+        self.run_name = run_name
+        self.run_id = run_id
+        self.parent_run_id = parent_run_id
+        self.tags = dict(tags or {})
+        self.params = dict(params or {})
+        self.artifacts = list(artifacts or [])
+        self.system_metrics = system_metrics
+        self.log_checkpoints = log_checkpoints
+        self.writer = RunWriter(
+            client,
+            retries=retries,
+            backoff_seconds=backoff_seconds,
+            flush_seconds=flush_seconds,
+            answer_seconds=answer_seconds,
+            name=f"mlflow-{run_name}",
+        )
+        self.stream = stream
+        # The trainer writes this dict into every checkpoint record (TrainJob.metadata): pass it there.
+        self.metadata: dict[str, Any] = {}
+        self.continued = False
+        self.checkpoints: dict[str, Path] = {}
+        self.report: dict[str, Any] = {}
+        self._opened = False
+        self._monitor: Any = None
+        self._closed = False
+
+    # --- the run ----------------------------------------------------------------------------------
+
+    def _prior_run(self, resumed_from: str | Path | None) -> str | None:
+        """The run a resumed checkpoint was recorded in, when that run is in this store."""
+        if not resumed_from:
+            return None
+        from gptcore.checkpoint import checkpoint_metadata
+
+        try:
+            prior = checkpoint_metadata(Path(resumed_from)).get("metadata", {}).get(RUN_ID_KEY)
+        except Exception:  # an unreadable record: the trainer itself reports it
+            return None
+        if not prior:
+            return None
+        if not self.writer.ask("get_run", _run_exists, self.client, prior):
+            return None  # a checkpoint from another store (or none answering): start a fresh run
+        return prior
+
+    def open(self, resumed_from: str | Path | None = None) -> str | None:
+        """Decide the run (continue the checkpoint's, use the given one, or create one); idempotent.
+        None when the store did not answer: the training then goes on untracked."""
+        if self._opened:
+            return self.run_id
+        self._opened = True
+        prior = self._prior_run(resumed_from)
+        if prior is not None:
+            if self.run_id and self.run_id != prior:
+                # The caller's run (a pipeline stage's child) points at the line training continues.
+                self.writer.set_tags(self.run_id, {"continued_run_id": prior})
+            self.writer.ask("update_run", self.client.update_run, prior, status="RUNNING")
+            self.run_id, self.continued = prior, True
+        elif self.run_id is None:
+            tags = {"mlflow.runName": self.run_name, **self.tags, "mlflow.parentRunId": self.parent_run_id}
+            self.run_id = self.writer.create_run(self.experiment_id, self.run_name, tags)
+        if self.run_id is None:
+            self._warn(
+                f"warning: MLflow run {self.run_name!r} could not be created "
+                f"({self.writer.report.last_error}); training goes on without tracking"
+            )
+            return None
+        self.metadata.update({RUN_ID_KEY: self.run_id, "mlflow_tracking_uri": redact(self.tracking_uri)})
+        return self.run_id
+
+    def _start_system_metrics(self) -> None:
+        if not self.system_metrics:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._monitor = SystemMetricsMonitor(
+                self.run_id,
+                sampling_interval=5,
+                resume_logging=self.continued,
+                tracking_uri=self.tracking_uri,
+            )
+            self._monitor.start()
+        except Exception as error:  # psutil missing or the like: training goes on without
+            self.writer.report.last_error = f"system metrics: {error}"
+            self._monitor = None
+
+    # --- TrainingCallback --------------------------------------------------------------------------
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        if self.open(startup.get("resumed_from")) is None:
+            return
+        run_id = self.run_id
+        self.writer.log_params(
+            run_id, {**StartupRecord.params(startup), **self.params}, keep_existing=self.continued
+        )
+        self.writer.set_tags(
+            run_id,
+            {
+                "checkpoint_directory": startup.get("checkpoint_directory"),
+                "start_step": startup.get("start_step", 0),
+                "resumed_from": startup.get("resumed_from"),
+                "dry_run": startup.get("dry_run", False),
+                **({} if self.continued else self.tags),
+            },
+        )
+        for path in self.artifacts:
+            self.writer.log_artifact(run_id, Path(path), "inputs")
+        self._start_system_metrics()
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        if self.run_id is not None:
+            self.writer.log_metrics(self.run_id, StepRecord.metrics(metrics), int(metrics.get("step", 0)))
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        if self.run_id is not None:
+            self.writer.log_metrics(self.run_id, EvalRecord.metrics(metrics), int(metrics.get("step", 0)))
+
+    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
+        kind = info.get("kind", "step")
+        self.checkpoints["latest" if kind == "step" else kind] = Path(path)
+        self.checkpoints["newest"] = Path(path)
+        if self.run_id is not None:
+            self.writer.set_tags(self.run_id, {"latest_checkpoint": str(Path(path).resolve())})
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        if self.run_id is not None:
+            self.writer.log_metrics(self.run_id, SummaryRecord.metrics(summary), int(summary.get("steps", 0)))
+            if self.log_checkpoints:
+                for kind in ("final", "best"):
+                    if kind in self.checkpoints:
+                        self._log_checkpoint(self.checkpoints[kind], kind)
+        self._finish("FINISHED", {})
+
+    def on_failure(self, reason: str) -> None:
+        self._finish("FAILED", {"failure_reason": reason[:5000]})
+
+    # --- the end ------------------------------------------------------------------------------------
+
+    def _log_checkpoint(self, path: Path, kind: str) -> None:
+        self.writer.log_artifact(self.run_id, path, f"checkpoints/{kind}")
+        self.writer.log_artifact(self.run_id, path.with_suffix(".json"), f"checkpoints/{kind}")
+
+    def _finish(self, status: str, tags: dict[str, Any]) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._monitor is not None:
+            self._monitor.finish()
+        if self.run_id is not None:
+            self.writer.flush()  # the counts below include every metric sent or lost
+            report = self.writer.report
+            self.writer.set_tags(
+                self.run_id,
+                {
+                    **tags,
+                    "tracking.failed_calls": report.failed_calls,
+                    "tracking.dropped_metrics": report.dropped_metrics,
+                },
+            )
+            self.writer.set_terminated(self.run_id, status)
+        report = self.writer.close()
+        self.report = {"run_id": self.run_id, "status": status, **report.as_dict()}
+        if report.failed_calls or report.given_up_calls or report.store_down:
+            self._warn(
+                f"warning: MLflow run {self.run_id}: {report.failed_calls} logging calls failed and were "
+                f"retried, {report.given_up_calls} given up ({report.dropped_metrics} metric values "
+                f"lost); last error: {report.last_error}"
+            )
+
+    def _warn(self, message: str) -> None:
+        print(message, file=self.stream or sys.stderr, flush=True)
+
+
+def _run_exists(client: Any, run_id: str) -> bool:
+    try:
+        client.get_run(run_id)
+    except Exception:  # MLflow's "not found" for a run of another store, among others
+        return False
+    return True

@@ -1,0 +1,199 @@
+"""A flow run's MLflow record: one experiment per iteration, a parent run per flow run, a child per stage.
+
+`PipelineRecorder` lays out a flow run: the parent run tagged with the Prefect flow run id, the
+parameter file's sha256 and the git commit; one nested child run per stage, a cached stage's child tagged
+`cached` with `cached_from_run_id` naming the run that produced its outputs. Training stages record
+themselves through `MLflowCallback` in their stage's child run. Every call goes through one `RunWriter`,
+so a store that stops answering mid-flow costs a bounded wait, never the flow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gptcore.fingerprint import sha256_file
+from gptcore.records import finite_metrics, profile_params
+from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
+from tasks.tracking.session import TrackingSession
+from tasks.tracking.store import TrackingError, environment_tags, git_commit, redact
+from tasks.tracking.writer import RunWriter
+
+TRAINING_STAGES = ("smoke", "full")
+_FILES_KEY = "files"  # a stage manifest's {path: sha256} of its outputs (tasks.caching.FILES_KEY)
+
+
+def _stage_fingerprint(manifest: dict[str, Any]) -> str | None:
+    if manifest.get("fingerprint"):
+        return str(manifest["fingerprint"])
+    files = manifest.get(_FILES_KEY)
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16] if files else None
+
+
+@dataclass
+class PipelineRecorder:
+    """A flow run's MLflow record: the parent run and its stages' child runs."""
+
+    session: TrackingSession
+    parent_run_id: str
+    writer: RunWriter
+    params: Any = None
+    stage_runs: dict[str, str | None] = field(default_factory=dict)
+    callbacks: dict[str, MLflowCallback] = field(default_factory=dict)
+    data_params: dict[str, Any] = field(default_factory=dict)
+    recorded: set[str] = field(default_factory=set)
+
+    @classmethod
+    def start(
+        cls, params: Any, params_path: Path, flow_run_id: str = "", root: Path | None = None
+    ) -> PipelineRecorder:
+        """Check the store and open the parent run; a TrackingError (before any stage) if unreachable."""
+        session = TrackingSession.open(params.tracking, root=root)
+        params_path = Path(params_path)
+        commit = git_commit()
+        name = f"iteration-{params.iteration}-{params_path.stem}"
+        tags = {
+            "mlflow.runName": name,
+            "prefect.flow_run_id": flow_run_id or None,
+            "params_file": str(params_path.resolve()),
+            "params_sha256": sha256_file(params_path),
+            "git_commit": commit,
+            "mlflow.source.git.commit": commit,
+            "iteration": params.iteration,
+            "kind": "pipeline",
+            **environment_tags(),
+        }
+        writer = RunWriter(session.client, name="mlflow-pipeline")
+        parent = writer.create_run(session.experiment_id, name, tags)
+        if parent is None:
+            writer.close()
+            raise TrackingError(
+                f"tracking store {redact(session.target.uri)} did not open the flow's run "
+                f"({writer.report.last_error}); nothing was started"
+            )
+        recorder = cls(session, parent, writer, params)
+        writer.log_artifact(parent, params_path, "params")
+        writer.log_params(parent, profile_params(params))
+        return recorder
+
+    def links(self) -> dict[str, str]:
+        return {
+            "MLflow tracking store": redact(self.session.target.uri),
+            "MLflow experiment": f"{self.session.experiment_name} (id {self.session.experiment_id})",
+            "MLflow run": self.session.run_url(self.parent_run_id),
+        }
+
+    # --- stages -------------------------------------------------------------------------------------
+
+    def stage_run(self, stage: str) -> str | None:
+        """The child run of `stage` under the parent, created on first use (None: the store is down)."""
+        if stage not in self.stage_runs:
+            tags = {"mlflow.parentRunId": self.parent_run_id, "stage": stage, "kind": "stage"}
+            self.stage_runs[stage] = self.writer.create_run(self.session.experiment_id, stage, tags)
+        return self.stage_runs[stage]
+
+    def training_callback(self, stage: str) -> MLflowCallback | None:
+        """The callback a training stage runs with, recording into the stage's child run."""
+        if stage not in self.callbacks:
+            run_id = self.stage_run(stage)
+            if run_id is None:
+                return None  # no stage run to record into: the training goes on untracked
+            params = {**(profile_params(self.params) if self.params is not None else {}), **self.data_params}
+            self.callbacks[stage] = self.session.training_callback(
+                stage,
+                run_id=run_id,
+                parent_run_id=self.parent_run_id,
+                tags={"stage": stage, "kind": "training"},
+                params=params,
+            )
+        return self.callbacks[stage]
+
+    def context(self, stage: str) -> dict[str, Any]:
+        """What a training task needs: its callback (its `metadata` goes into TrainJob.metadata), ids."""
+        callback = self.training_callback(stage)
+        return {
+            "callbacks": [callback] if callback is not None else [],
+            "tracking_uri": redact(self.session.target.uri),
+            "experiment_id": self.session.experiment_id,
+            "parent_run_id": self.parent_run_id,
+            "run_id": callback.run_id if callback is not None else None,
+        }
+
+    def producing_run(self, stage: str, fingerprint: str, exclude: str) -> str | None:
+        """The latest child run that really ran `stage` with this fingerprint (not a cached one)."""
+        query = (
+            f"tags.stage = '{stage}' and tags.stage_fingerprint = '{fingerprint}' and tags.cached = 'false'"
+        )
+        runs = self.writer.ask(
+            "search_runs",
+            self.session.client.search_runs,
+            [self.session.experiment_id],
+            query,
+            order_by=["attributes.start_time DESC"],
+            max_results=5,
+        )
+        return next((run.info.run_id for run in runs or [] if run.info.run_id != exclude), None)
+
+    def record_stage(self, outcome: Any) -> str | None:
+        """Record a StageOutcome (name, state, result, seconds, message) in its child run; end it."""
+        result = outcome.result
+        name, state = outcome.name, outcome.state
+        manifest = result.model_dump(mode="json") if result is not None else {}
+        run_id = self.stage_run(name)
+        self.recorded.add(name)
+        if name == "tokens" and manifest.get("fingerprint"):
+            self.data_params["data.tokens_fingerprint"] = manifest["fingerprint"]
+        if name == "tokenizer" and manifest.get("fingerprint"):
+            self.data_params["data.tokenizer_fingerprint"] = manifest["fingerprint"]
+        if run_id is None:
+            return None
+        fingerprint = _stage_fingerprint(manifest)
+        tags: dict[str, Any] = {
+            "state": state,
+            "cached": "true" if state == "cached" else "false",
+            "stage_fingerprint": fingerprint,
+            "stage_seconds": outcome.seconds,
+            "message": outcome.message[:5000] or None,
+        }
+        if state == "cached" and fingerprint:
+            tags["cached_from_run_id"] = self.producing_run(name, fingerprint, run_id) or "unknown"
+        self.writer.set_tags(run_id, tags)
+        callback = self.callbacks.get(name)
+        trained_here = callback is not None and callback.metadata.get(RUN_ID_KEY) is not None
+        if not trained_here:  # the callback logged training figures itself
+            figures = manifest.get("figures", {})
+            self.writer.log_metrics(run_id, finite_metrics(figures, tuple(figures)), 0)
+        if manifest and name not in TRAINING_STAGES:
+            self._log_manifest(run_id, manifest)
+        self.writer.set_terminated(run_id, "FAILED" if state == "failed" else "FINISHED")
+        return run_id
+
+    def _log_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
+        """The stage manifest, and the JSON files among its outputs (tokenizer.json, token manifests)."""
+        self.writer.log_dict(run_id, manifest, "stage_manifest.json")
+        for path in manifest.get(_FILES_KEY, {}):
+            if str(path).endswith(".json"):
+                self.writer.log_artifact(run_id, Path(path), "outputs")
+
+    def finish(self, report: Any = None, failed: bool | None = None) -> None:
+        """End the parent run: FAILED when any stage failed (from `report.to_dict()` or `failed`)."""
+        if failed is None:
+            stages = (
+                (report.to_dict() if hasattr(report, "to_dict") else {}).get("stages", []) if report else []
+            )
+            failed = any(stage.get("state") == "failed" for stage in stages)
+        for stage, run_id in self.stage_runs.items():
+            callback = self.callbacks.get(stage)
+            opened = callback is not None and callback.metadata.get(RUN_ID_KEY)
+            if run_id is not None and stage not in self.recorded and not opened:
+                # A stage that never ran nor was recorded (failed before start, flow stopped).
+                self.writer.set_terminated(run_id, "KILLED")
+        if report is not None and hasattr(report, "markdown"):
+            self.writer.log_text(self.parent_run_id, report.markdown(), "summary.md")
+        self.writer.flush()
+        self.writer.set_tags(self.parent_run_id, {"tracking.failed_calls": self.writer.report.failed_calls})
+        self.writer.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")
+        self.writer.close()

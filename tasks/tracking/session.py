@@ -1,0 +1,69 @@
+"""A tracking session: a checked connection to the store and the experiment runs go into.
+
+Opening one resolves the store (`tasks.tracking.store`), proves it usable by one read (a
+TrackingError before anything trains), and finds or creates the experiment. MLflow keeps the store
+it opened for a URI, so opening the same store again in one process costs milliseconds: `gptpipe run`
+opens it while Prefect's server starts, and the flow's own open then finds it ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.tracking.callback import MLflowCallback
+from tasks.tracking.store import TrackingTarget, connect, ensure_experiment, resolve_target
+
+
+@dataclass
+class TrackingSession:
+    """A reachable store and the experiment runs go into."""
+
+    target: TrackingTarget
+    client: Any
+    experiment_id: str
+    experiment_name: str
+    system_metrics: bool = True
+
+    @classmethod
+    def open(
+        cls, config: Any = None, experiment: str | None = None, root: Path | None = None
+    ) -> TrackingSession:
+        """Resolve and check the store (a TrackingError before anything trains), then the experiment.
+
+        `config` is the parameter file's `tracking` section (a TrackingConfig) or None."""
+        target = resolve_target(config, root)
+        name = experiment or getattr(config, "experiment", None) or "gptpipe"
+        client = connect(target)
+        experiment_id = ensure_experiment(client, name, target)
+        return cls(target, client, experiment_id, name, bool(getattr(config, "system_metrics", True)))
+
+    def training_callback(self, run_name: str, **options: Any) -> MLflowCallback:
+        """An MLflowCallback recording into this session's experiment (see MLflowCallback for options)."""
+        options.setdefault("system_metrics", self.system_metrics)
+        return MLflowCallback(self.client, self.target.uri, self.experiment_id, run_name, **options)
+
+    def run_url(self, run_id: str, ui: str | None = None) -> str:
+        """Where a run is in the MLflow UI (`gptpipe ui` serves the local store at the default address)."""
+        base = ui or (self.target.uri if self.target.is_http else "http://127.0.0.1:5000")
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+
+
+def training_metadata(callbacks: list[Any]) -> dict[str, Any]:
+    """The dict to pass as `TrainJob.metadata` so checkpoints carry the MLflow run id: the first
+    MLflowCallback's live metadata (filled when its run opens, before any checkpoint), else a new dict."""
+    for callback in callbacks:
+        if isinstance(callback, MLflowCallback):
+            return callback.metadata
+    return {}
+
+
+def open_training_run(callbacks: list[Any], resumed_from: Path | None = None) -> None:
+    """Open the MLflow run of the callbacks' MLflowCallback now (continuing the run of the checkpoint a
+    resume starts from), before a launch, so the run id is in the job every rank saves checkpoints with."""
+    from gptcore.checkpoint import latest_checkpoint
+
+    for callback in callbacks:
+        if isinstance(callback, MLflowCallback):
+            callback.open(latest_checkpoint(resumed_from) if resumed_from else None)

@@ -1,0 +1,133 @@
+"""The run writer: every call into the store off the training thread, bounded, redacted, batched."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tracking_support import fresh_store, three_step_job
+
+from gptcore.config import TrackingConfig
+from gptcore.trainer import train
+from tasks.tracking import MLflowCallback, RunWriter, TrackingSession, training_metadata
+from tasks.tracking.writer import PARAM_VALUE_LIMIT
+
+
+@pytest.fixture
+def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TrackingSession:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return TrackingSession.open(TrackingConfig(uri=fresh_store(tmp_path), experiment="w"))
+
+
+class CountingClient:
+    """An MlflowClient that counts its log_batch calls."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self.batches = client, []
+
+    def log_batch(self, run_id: str, **parts: Any) -> None:
+        self.batches.append({name: len(values) for name, values in parts.items()})
+        self._client.log_batch(run_id, **parts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class HangingClient:
+    """A tracking server lost after the store check: the named calls never return until released."""
+
+    def __init__(self, client: Any, hanging: set[str]) -> None:
+        self._client, self.hanging = client, hanging
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.hanging:
+            return getattr(self._client, name)
+
+        def hang(*args: Any, **kwargs: Any) -> Any:
+            self.release.wait(600)  # the HTTP client's retry backoff, minutes long
+            raise ConnectionError("tracking server went away")
+
+        return hang
+
+
+def test_params_and_tags_are_redacted_truncated_and_sent_in_batches_mlflow_accepts(
+    session: TrackingSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    client = CountingClient(session.client)
+    writer = RunWriter(client, flush_seconds=0.05)
+    run_id = writer.create_run(session.experiment_id, "batches", {"note": "uses hf_secret_value"})
+    params = {f"p{i:03d}": i for i in range(250)} | {"long": "x" * 9000, "secret": "hf_secret_value"}
+    writer.log_params(run_id, params)
+    writer.log_metrics(run_id, {"loss": 1.0, "rate": 0.1}, step=1)
+    writer.log_metrics(run_id, {"loss": 0.5, "rate": 0.1}, step=2)
+    writer.set_tags(run_id, {"state": "done", "absent": None})
+    report = writer.close()
+
+    run = session.client.get_run(run_id)
+    assert len(run.data.params) == 252
+    assert run.data.params["long"] == "x" * PARAM_VALUE_LIMIT
+    assert run.data.params["secret"] == "***" and run.data.tags["note"] == "uses ***"
+    assert run.data.tags["state"] == "done" and "absent" not in run.data.tags
+    assert [b["params"] for b in client.batches if "params" in b] == [100, 100, 52]
+    assert [b["metrics"] for b in client.batches if "metrics" in b] == [4]  # both steps in one call
+    assert (report.sent_metrics, report.failed_calls, report.store_down) == (4, 0, False)
+
+
+def test_a_store_lost_before_the_run_is_created_leaves_training_untracked_not_held(
+    session: TrackingSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = HangingClient(session.client, {"create_run", "log_batch"})
+    callback = MLflowCallback(
+        client, session.target.uri, session.experiment_id, "lost", system_metrics=False, answer_seconds=0.5
+    )
+    job = three_step_job(tmp_path / "ckpt", training_metadata([callback]))
+    started = time.perf_counter()
+    summary = train(job, callback)
+    assert time.perf_counter() - started < 30  # not the minutes the store would hold it
+    client.release.set()
+    assert summary["steps"] == 3 and (tmp_path / "ckpt" / "final.pt").is_file()
+    assert callback.run_id is None and "mlflow_run_id" not in job.metadata
+    err = capsys.readouterr().err
+    assert "could not be created (create_run: the tracking store did not answer within 0.5 s)" in err
+    assert "training goes on without tracking" in err
+
+
+def test_a_store_lost_mid_run_costs_a_bounded_wait_and_is_reported(
+    session: TrackingSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = HangingClient(session.client, set())
+    callback = MLflowCallback(
+        client,
+        session.target.uri,
+        session.experiment_id,
+        "midway",
+        system_metrics=False,
+        flush_seconds=0.05,
+        answer_seconds=0.5,
+    )
+    callback.on_start({"device": "cpu", "batch_size": 2})
+    client.hanging.add("log_batch")  # the server goes away after the run opened
+    started = time.perf_counter()
+    for step in range(1, 101):
+        callback.on_step({"step": step, "train_loss": 3.0, "learning_rate": 1e-3})
+    assert time.perf_counter() - started < 0.5  # a training step never waits on the store
+    callback.on_end({"steps": 100, "final_train_loss": 3.0})
+    assert time.perf_counter() - started < 10
+    client.release.set()
+    assert callback.report["store_down"] and callback.report["dropped_metrics"] >= 100
+    assert "did not answer within 0.5 s" in capsys.readouterr().err
+
+
+def test_calls_after_the_writer_closed_are_counted_not_sent(session: TrackingSession) -> None:
+    writer = RunWriter(session.client)
+    run_id = writer.create_run(session.experiment_id, "closed", {})
+    writer.close()
+    writer.log_metrics(run_id, {"loss": 1.0}, step=1)
+    writer.set_tags(run_id, {"late": "yes"})
+    assert (writer.report.dropped_metrics, writer.report.given_up_calls) == (1, 1)
+    assert "late" not in session.client.get_run(run_id).data.tags
