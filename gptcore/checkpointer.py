@@ -1,4 +1,11 @@
-"""The run's checkpoints: when to save, writing them (rank 0 alone) and finding the one to resume from.
+"""The run's checkpoints: when to save, what a checkpoint holds, writing it (rank 0 alone) and
+restoring the run from the newest loadable one.
+
+A checkpoint holds every part that decides the run's next step (`TrainingParts`: model, optimizer,
+schedule, grad scaler, train state) plus every RNG state, so a resumed run replays the uninterrupted
+one; its JSON record carries the run's identity (the trajectory-determining config and its
+fingerprint, the model config, the metadata such as the MLflow run id). A resume whose config differs
+from the checkpoint's is refused with the differing keys.
 
 The folder is held under its run lock for the whole run, half-written files a killed writer left are
 removed first, periodic checkpoints beyond `keep_last` are pruned, and `last_good` names the newest
@@ -9,19 +16,65 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gptcore import checkpoint as ckpt
+from gptcore.errors import CheckpointError
+from gptcore.fingerprint import code_version
 from gptcore.run_lock import RunLock
+from gptcore.schedule import WarmupCosine
+from gptcore.train_state import TrainState
+
+
+@dataclass(frozen=True)
+class TrainingParts:
+    """What a checkpoint holds and a resume restores."""
+
+    model: torch.nn.Module  # the module itself, not its DDP or compiled wrapper
+    optimizer: torch.optim.Optimizer
+    schedule: WarmupCosine
+    scaler: torch.amp.GradScaler
+    state: TrainState
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What every checkpoint record of a run carries: the config a resume must match, and more."""
+
+    config: dict[str, Any]  # the trajectory-determining config (gptcore.run_setup.resume_config)
+    fingerprint: str
+    model_config: dict[str, Any]
+    metadata: dict[str, Any]  # live: the MLflow callback fills in its run id when the run starts
+    tokenizer: str | None = None
+
+    def record_metadata(self) -> dict[str, Any]:
+        """The metadata as a checkpoint records it now: the run id, when tracked; the tokenizer."""
+        metadata = dict(self.metadata)
+        if self.tokenizer is not None:
+            metadata.setdefault("tokenizer", self.tokenizer)
+        return metadata
 
 
 class Checkpointer:
-    def __init__(self, directory: Path | None, every: int, keep_last: int, writes: bool) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        every: int,
+        keep_last: int,
+        writes: bool,
+        parts: TrainingParts,
+        identity: RunIdentity,
+    ) -> None:
         self.directory = Path(directory) if directory is not None else None
         self.every = every
         self.keep_last = keep_last
         self.writes = writes and self.directory is not None  # rank 0 of a real (not dry) run
+        self.parts = parts
+        self.identity = identity
         self.saved: dict[str, str] = {}  # latest / best / final -> path
         self.seconds = 0.0  # spent writing, in all
         self.last_seconds = 0.0  # the latest write's
@@ -41,10 +94,32 @@ class Checkpointer:
         """A periodic checkpoint after this step (the end writes `final` instead)."""
         return step % self.every == 0 and step < planned_steps
 
-    def save(self, kind: str, step: int, state: dict[str, Any], record: dict[str, Any]) -> Path | None:
-        """Write checkpoint `kind` (step, best or final); None where this process writes none."""
+    def save(self, kind: str, losses: dict[str, float | None]) -> Path | None:
+        """Write checkpoint `kind` (step, best or final) of the run as it is now, its record carrying
+        `losses` (train_loss, val_loss); None where this process writes none."""
         if not self.writes:
             return None
+        parts, identity, step = self.parts, self.identity, self.parts.state.step
+        state = {
+            "model": parts.model.state_dict(),
+            "optimizer": parts.optimizer.state_dict(),
+            "scheduler": parts.schedule.state_dict(),
+            "scaler": parts.scaler.state_dict(),
+            **parts.state.state_dict(),
+            "rng": ckpt.capture_rng(),
+            "fingerprint": identity.fingerprint,
+        }
+        record = {
+            "kind": kind,
+            "step": step,
+            "epoch": parts.state.epoch,
+            "fingerprint": identity.fingerprint,
+            "config": identity.config,
+            "model_config": identity.model_config,
+            "metadata": identity.record_metadata(),
+            **losses,
+            "code_version": code_version(),
+        }
         name = ckpt.step_name(step) if kind == "step" else kind
         keep = self.keep_last if kind == "step" else None
         path, seconds = ckpt.save_checkpoint(self.directory, name, state, record, keep)
@@ -55,9 +130,26 @@ class Checkpointer:
             self.last_good = str(path)
         return path
 
-    def newest_loadable(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
-        """(path, record, state) of the checkpoint a resume continues from, or None."""
-        return ckpt.load_latest_valid(self.directory)
+    def restore(self) -> Path | None:
+        """Load the newest loadable checkpoint into the parts and the RNGs; its path, or None when the
+        folder has none yet. A CheckpointError when it was written with a different config."""
+        found = ckpt.load_latest_valid(self.directory)
+        if found is None:
+            return None
+        path, stored, state = found
+        differences = ckpt.config_differences(stored.get("config", {}), self.identity.config)
+        if differences:
+            raise CheckpointError(
+                f"--resume: {path} was written with a different configuration: " + "; ".join(differences)
+            )
+        parts = self.parts
+        parts.model.load_state_dict(state["model"])
+        parts.optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"]:
+            parts.scaler.load_state_dict(state["scaler"])
+        ckpt.restore_rng(state["rng"])
+        parts.state.load_state_dict(state)
+        return path
 
     def latest(self) -> Path | None:
         return ckpt.latest_checkpoint(self.directory)

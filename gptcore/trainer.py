@@ -23,15 +23,14 @@ from typing import Any
 
 import torch
 
-from gptcore import checkpoint as ckpt
 from gptcore.batches import BatchLoader, StepPlan
 from gptcore.callbacks import TrainingCallback
-from gptcore.checkpointer import Checkpointer
+from gptcore.checkpointer import Checkpointer, RunIdentity, TrainingParts
 from gptcore.config import ModelConfig, PipelineParams, RuntimeConfig, TrainingConfig
 from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, grad_scaler
-from gptcore.errors import CheckpointError, GptpipeError, TrainingError
+from gptcore.errors import GptpipeError, TrainingError
 from gptcore.evaluation import Evaluator
-from gptcore.fingerprint import code_version, fingerprint
+from gptcore.fingerprint import fingerprint
 from gptcore.guards import DivergenceGuard, NonFiniteGuard, is_out_of_memory, out_of_memory_advice
 from gptcore.model import GPT
 from gptcore.performance import FLOP_FORMULA, RunMeasures, Throughput, peak_memory_bytes, reset_peak_memory
@@ -175,12 +174,6 @@ class _Run:
         self.schedule = warmup_cosine(job, self.train_set, self.plan)
         self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
         self.state = TrainState(self.plan.steps_per_epoch(self.train_set.count) if self.train_set else 1)
-        self.checkpointer = Checkpointer(
-            job.checkpoint_directory,
-            t.checkpoint_every,
-            t.keep_last,
-            writes=job.rank == 0 and not job.dry_run,
-        )
         self.evaluator = Evaluator(
             self.val_set,
             self.train_set,
@@ -207,6 +200,17 @@ class _Run:
         )
         self.config = resume_config(job, self.train_set, self.plan, self.runtime)
         self.fingerprint = fingerprint(self.config)
+        tokenizer = str(Path(job.tokenizer).resolve()) if job.tokenizer is not None else None
+        self.checkpointer = Checkpointer(
+            job.checkpoint_directory,
+            t.checkpoint_every,
+            t.keep_last,
+            writes=job.rank == 0 and not job.dry_run,
+            parts=TrainingParts(self.model, self.optimizer, self.schedule, self.scaler, self.state),
+            identity=RunIdentity(
+                self.config, self.fingerprint, job.model.model_dump(), job.metadata, tokenizer
+            ),
+        )
         self.resumed_from: Path | None = None
         self.last_train_loss: float | None = None
         self.tokens_per_step = self.plan.global_batch * job.model.block_size
@@ -287,57 +291,21 @@ class _Run:
     # --- resume and checkpoints -------------------------------------------------------------------
 
     def restore(self) -> None:
-        found = self.checkpointer.newest_loadable()
-        if found is None:
+        self.resumed_from = self.checkpointer.restore()
+        if self.resumed_from is None:
             log.warning(
                 "warning: --resume: no checkpoint in %s yet; starting from step 0",
                 self.job.checkpoint_directory,
             )
             return  # the startup line shows start_step 0 and resumed_from null
-        path, stored, state = found
-        differences = ckpt.config_differences(stored.get("config", {}), self.config)
-        if differences:
-            raise CheckpointError(
-                f"--resume: {path} was written with a different configuration: " + "; ".join(differences)
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
-        ckpt.restore_rng(state["rng"])
-        self.state.load_state_dict(state)
         self.state.step = agree_on_int(self.state.step, "the resume step", self.runtime.device)
-        self.resumed_from = path
 
     def save(self, kind: str) -> None:
-        """Checkpoint `kind` of the run as it is now: the state to resume from and its JSON record."""
-        if not self.checkpointer.writes:
-            return  # replicas are identical: rank 0 writes the one checkpoint
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.schedule.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            **self.state.state_dict(),
-            "rng": ckpt.capture_rng(),
-            "fingerprint": self.fingerprint,
-        }
-        metadata = dict(self.job.metadata)
-        if self.job.tokenizer is not None:
-            metadata.setdefault("tokenizer", str(Path(self.job.tokenizer).resolve()))
-        record = {
-            "kind": kind,
-            "step": self.state.step,
-            "epoch": self.state.epoch,
-            "fingerprint": self.fingerprint,
-            "config": self.config,
-            "model_config": self.job.model.model_dump(),
-            "metadata": metadata,
-            "train_loss": self.last_train_loss,
-            "val_loss": self.evaluator.last_val_loss,
-            "code_version": code_version(),
-        }
-        path = self.checkpointer.save(kind, self.state.step, state, record)
+        """Checkpoint `kind` of the run as it is now (rank 0 of a real run alone writes)."""
+        losses = {"train_loss": self.last_train_loss, "val_loss": self.evaluator.last_val_loss}
+        path = self.checkpointer.save(kind, losses)
+        if path is None:
+            return
         self.guard.last_checkpoint = self.checkpointer.last_good
         seconds = self.checkpointer.last_seconds
         self.events.on_checkpoint(path, {"step": self.state.step, "kind": kind, "seconds": seconds})

@@ -39,6 +39,7 @@ def _training_code_version() -> str:
     """The modules whose code decides what training produces; an edit elsewhere in gptcore (data stages,
     tracking, the CLI) keeps finished training cached and a killed run resumable."""
     import gptcore.batches
+    import gptcore.checkpointer
     import gptcore.cross_entropy
     import gptcore.distributed
     import gptcore.evaluation
@@ -51,6 +52,7 @@ def _training_code_version() -> str:
         gptcore.model,
         gptcore.cross_entropy,
         gptcore.trainer,
+        gptcore.checkpointer,
         gptcore.run_setup,
         gptcore.evaluation,
         gptcore.batches,

@@ -14,6 +14,7 @@ from the checkpoint a resume starts from.
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,11 @@ class MLflowCallback(TrainingCallback):
             return
         self._closed = True
         if self._monitor is not None:
-            self._monitor.finish()
+            # MLflow's sampler joins its thread without a bound; one stuck on a lost store is left.
+            stopping = threading.Thread(target=self._monitor.finish, name="mlflow-system-metrics-stop")
+            stopping.daemon = True
+            stopping.start()
+            stopping.join(self.writer.answer_seconds)
         if self.run_id is not None:
             self.writer.flush()  # the counts below include every metric sent or lost
             report = self.writer.report
