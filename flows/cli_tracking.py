@@ -94,33 +94,55 @@ def compare_command(
         choice("--precision", precision, ConcretePrecision)
     if train_tokens is not None and not train_tokens.is_file():
         raise ConfigError(f"--train-tokens {train_tokens}: file not found")
-    from gptcore.comparison import AXES, Limits, print_comparison
+    from gptcore.comparison import AXES, Limits
 
     choice("--axis", axis, ("auto", *AXES))
     if runs is not None and no_track:
         raise ConfigError("--runs reads recorded runs from MLflow; --no-track records none: give one of them")
+    limits = Limits(max_steps, training_examples, validation_examples)
+    sources = (train_tokens, validation_tokens, tokenizer)
     if runs is not None:
-        from flows.compare import compare_runs
-        from tasks.tracking import TrackingSession
+        _compare_recorded(params, runs, axis)
+    elif no_track:
+        _compare_in_memory(params, axis, chosen, limits, batch_size, precision, sources)
+    else:
+        _compare_in_a_flow(path, list(set_), axis, chosen, limits, batch_size, precision, sources)
 
-        ids = [r.strip() for r in runs.split(",") if r.strip()]
-        if len(ids) != 2:
-            raise ConfigError(f"--runs {runs!r}: expected two run ids, comma-separated")
-        if axis == "auto":
-            raise ConfigError("--runs: name the compared --axis (device, precision or batch_size)")
-        print_comparison(compare_runs(TrackingSession.open(params.tracking), ids, axis))
-        return
-    if no_track:
-        import torch
 
-        from gptcore.comparison import compare_in_memory, plan_comparison
+def _compare_recorded(params: Any, runs: str, axis: str) -> None:
+    """Two runs already in MLflow, compared without training."""
+    from flows.compare import compare_runs
+    from gptcore.comparison import print_comparison
+    from tasks.tracking import TrackingSession
 
-        plan = plan_comparison(
-            params, axis, chosen, Limits(max_steps, training_examples, validation_examples),
-            torch.cuda.is_available(), batch_size, precision, train_tokens, validation_tokens, tokenizer,
-        )  # fmt: skip
-        print_comparison(compare_in_memory(params, plan))
-        return
+    ids = [r.strip() for r in runs.split(",") if r.strip()]
+    if len(ids) != 2:
+        raise ConfigError(f"--runs {runs!r}: expected two run ids, comma-separated")
+    if axis == "auto":
+        raise ConfigError("--runs: name the compared --axis (device, precision or batch_size)")
+    print_comparison(compare_runs(TrackingSession.open(params.tracking), ids, axis))
+
+
+def _compare_in_memory(
+    params: Any, axis: str, chosen: list[str] | None, limits: Any, batch_size: int | None,
+    precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
+) -> None:  # fmt: skip
+    """Both sides trained in this process; nothing recorded (`--no-track`)."""
+    import torch
+
+    from gptcore.comparison import compare_in_memory, plan_comparison, print_comparison
+
+    plan = plan_comparison(
+        params, axis, chosen, limits, torch.cuda.is_available(), batch_size, precision, *sources
+    )
+    print_comparison(compare_in_memory(params, plan))
+
+
+def _compare_in_a_flow(
+    path: Path, overrides: list[str], axis: str, chosen: list[str] | None, limits: Any,
+    batch_size: int | None, precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
+) -> None:  # fmt: skip
+    """Both sides trained by the `compare` flow, recorded in MLflow."""
     from flows.prefect_env import TemporaryServer, apply_project_settings
 
     apply_project_settings()
@@ -129,17 +151,18 @@ def compare_command(
     from flows.compare import compare
 
     server.wait()
+    train_tokens, validation_tokens, tokenizer = (str(source) if source else None for source in sources)
     compare(
         params_path=str(path),
-        overrides=list(set_),
+        overrides=overrides,
         axis=axis,
         values=chosen,
-        max_steps=max_steps,
-        training_examples=training_examples,
-        validation_examples=validation_examples,
+        max_steps=limits.max_steps,
+        training_examples=limits.training_examples,
+        validation_examples=limits.validation_examples,
         batch_size=batch_size,
         precision=precision,
-        train_tokens=str(train_tokens) if train_tokens else None,
-        validation_tokens=str(validation_tokens) if validation_tokens else None,
-        tokenizer=str(tokenizer) if tokenizer else None,
+        train_tokens=train_tokens,
+        validation_tokens=validation_tokens,
+        tokenizer=tokenizer,
     )
