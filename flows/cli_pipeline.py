@@ -14,9 +14,9 @@ def run(
     params: Path | None = typer.Option(None, "--params", help="parameter file (default: iteration 1's)"),
     iteration: int | None = typer.Option(None, "--iteration", help="use params/iteration_N.yaml"),
     overrides: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value"),
-    until: str = typer.Option("full", "--until", help=f"last stage to run: {', '.join(STAGES)}"),
+    until: str = typer.Option(STAGES[-1], "--until", help=f"last stage to run: {', '.join(STAGES)}"),
 ) -> None:
-    """Run tokenizer → tokens → device → smoke → full, taking unchanged stages from the cache."""
+    """Run tokenizer → tokens → device → smoke → full → evaluate, taking unchanged stages from the cache."""
     choice("--until", until, STAGES)
     params_path, checked = resolve_params(params, iteration, overrides)  # checked before anything starts
 

@@ -22,7 +22,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 ConcretePrecision = Literal["fp32", "bf16", "fp16"]
 TrainingStage = Literal["smoke", "full"]
-STAGES = ("tokenizer", "tokens", "device", "smoke", "full")
+STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate")
 
 
 class Strict(BaseModel):
@@ -72,7 +72,7 @@ class ModelProfile(Strict):
 
 
 class CorpusConfig(Strict):
-    """Where documents come from, and how they split into train and validation."""
+    """Where documents come from, and how they split into train, validation and test."""
 
     source: Literal["builtin:python-stdlib", "local", "hub"] = "builtin:python-stdlib"
     paths: list[str] = Field(default_factory=list, description="files, folders or globs (local)")
@@ -83,6 +83,9 @@ class CorpusConfig(Strict):
     hub_config: str | None = None
     hub_split: str = "train"
     validation_fraction: float = Field(default=0.05, gt=0.0, lt=1.0)
+    test_fraction: float = Field(
+        default=0.05, gt=0.0, lt=1.0, description="held out for the evaluate stage alone"
+    )
     split_seed: int = 1337
     max_documents: int | None = Field(default=None, ge=1)
 
@@ -92,6 +95,11 @@ class CorpusConfig(Strict):
             raise ValueError("source 'local' needs corpus.paths: a list of files, folders or globs")
         if self.source == "hub" and not self.hub_name:
             raise ValueError("source 'hub' needs corpus.hub_name: a dataset name on the hub")
+        if self.validation_fraction + self.test_fraction >= 1.0:
+            raise ValueError(
+                f"corpus.validation_fraction {self.validation_fraction} + corpus.test_fraction "
+                f"{self.test_fraction} leave nothing to train on; their sum must be below 1"
+            )
         return self
 
 
@@ -171,6 +179,24 @@ class TrackingConfig(Strict):
     system_metrics: bool = True
 
 
+class EvaluateConfig(Strict):
+    """The held-out evaluation after full training: which checkpoint, and the samples it draws."""
+
+    checkpoint: Literal["best", "final"] = Field(
+        default="best", description="the checkpoint evaluated (best: lowest validation loss)"
+    )
+    prompts: int = Field(default=4, ge=0, le=64, description="prompts from the test split's document starts")
+    prompt_tokens: int = Field(default=16, ge=1, le=1024, description="tokens of each prompt")
+    max_new_tokens: int = Field(default=48, ge=1, le=4096)
+    temperature: float = Field(default=0.8, gt=0.0, le=10.0, description="of the sampled continuation")
+    top_k: int | None = Field(default=50, ge=1)
+    seed: int = 0
+    batch_size: int = Field(default=8, ge=1, description="test windows per forward pass")
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="evaluate the test stream's first N tokens only (None: all)"
+    )
+
+
 class PathsConfig(Strict):
     data_root: str = "data"
     checkpoint_root: str = "checkpoints"
@@ -186,6 +212,7 @@ class PipelineParams(Strict):
     runtime: RuntimeConfig = RuntimeConfig()
     smoke: SmokeConfig = SmokeConfig()
     full: FullTrainingConfig = FullTrainingConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
     tracking: TrackingConfig = TrackingConfig()
     paths: PathsConfig = PathsConfig()
 

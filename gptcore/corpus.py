@@ -27,6 +27,7 @@ from gptcore.errors import ConfigError, DataError
 from gptcore.fingerprint import code_version_of, fingerprint
 
 BUILTIN_STDLIB = "builtin:python-stdlib"
+SPLITS = ("train", "validation", "test")
 _STRUCTURED_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 _GLOB_CHARS = set("*?[")
 _HASH_BATCH = 4096
@@ -44,19 +45,26 @@ class SplitStats:
 
 @dataclass(frozen=True)
 class Corpus:
-    """Train and validation documents (Arrow, one `text` column) and what identifies them."""
+    """The documents of each split (Arrow, one `text` column) and what identifies them."""
 
-    train: datasets.Dataset
-    validation: datasets.Dataset
+    splits: dict[str, datasets.Dataset]  # train, validation, test
     fingerprint: str
     source: str
-    train_stats: SplitStats
-    validation_stats: SplitStats
+    stats: dict[str, SplitStats]
     empty_documents_skipped: int
 
     @property
-    def stats(self) -> dict[str, SplitStats]:
-        return {"train": self.train_stats, "validation": self.validation_stats}
+    def train(self) -> datasets.Dataset:
+        return self.splits["train"]
+
+    @property
+    def validation(self) -> datasets.Dataset:
+        return self.splits["validation"]
+
+    @property
+    def test(self) -> datasets.Dataset:
+        """Held out: never trained on, never used to choose a checkpoint or to gate (the evaluate stage)."""
+        return self.splits["test"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +175,7 @@ def _settings(cfg: CorpusConfig, file_format: str) -> dict[str, Any]:
     settings = {
         "format": file_format,
         "validation_fraction": cfg.validation_fraction,
+        "test_fraction": cfg.test_fraction,
         "split_seed": cfg.split_seed,
         "max_documents": cfg.max_documents,
     }
@@ -205,22 +214,29 @@ def _sha256_file(path: Path) -> str:
 # --- splitting --------------------------------------------------------------------------------------
 
 
-def in_validation(document: bytes, seed: int, fraction: float) -> bool:
-    """A seeded hash of the content alone decides the side: stable when other documents come and go."""
+def split_of(document: bytes, seed: int, validation_fraction: float, test_fraction: float) -> str:
+    """A seeded hash of the content alone decides the split, stable when other documents come and go:
+    the hash's lowest `validation_fraction` of values go to validation, the next `test_fraction` to test
+    (so adding a test split took its documents from train and left validation as it was)."""
     digest = hashlib.blake2b(document, digest_size=8, salt=seed.to_bytes(16, "little", signed=True)).digest()
-    return int.from_bytes(digest, "little") < fraction * (1 << 64)
+    value = int.from_bytes(digest, "little")
+    if value < validation_fraction * (1 << 64):
+        return "validation"
+    if value < (validation_fraction + test_fraction) * (1 << 64):
+        return "test"
+    return "train"
 
 
 class _Splitter:
-    """Assigns documents to a side and keeps the per-side tallies."""
+    """Assigns documents to a split and keeps the per-split tallies."""
 
     def __init__(self, cfg: CorpusConfig) -> None:
         self.cfg = cfg
-        self.tallies = {"train": [0, 0, 0], "validation": [0, 0, 0]}
+        self.tallies = {split: [0, 0, 0] for split in SPLITS}
         self.empty = 0
 
     def side(self, text: str | None, replaced: int = 0) -> str | None:
-        """'train', 'validation', or None for a document skipped (empty, or past max_documents)."""
+        """The split of a document, or None for a document skipped (empty, or past max_documents)."""
         if not text:
             self.empty += 1
             return None
@@ -228,11 +244,8 @@ class _Splitter:
         if limit is not None and self.documents >= limit:
             return None
         data = text.encode("utf-8", "surrogatepass")
-        side = (
-            "validation"
-            if in_validation(data, self.cfg.split_seed, self.cfg.validation_fraction)
-            else "train"
-        )
+        cfg = self.cfg
+        side = split_of(data, cfg.split_seed, cfg.validation_fraction, cfg.test_fraction)
         tally = self.tallies[side]
         tally[0] += 1
         tally[1] += len(data)
@@ -241,20 +254,20 @@ class _Splitter:
 
     @property
     def documents(self) -> int:
-        return self.tallies["train"][0] + self.tallies["validation"][0]
+        return sum(tally[0] for tally in self.tallies.values())
 
-    def stats(self, where: str) -> tuple[SplitStats, SplitStats]:
-        train, validation = (SplitStats(*self.tallies[side]) for side in ("train", "validation"))
-        if train.documents + validation.documents == 0:
+    def stats(self, where: str) -> dict[str, SplitStats]:
+        stats = {split: SplitStats(*self.tallies[split]) for split in SPLITS}
+        if self.documents == 0:
             raise DataError(f"{where}: the corpus holds no documents (every one is empty)")
-        for name, stats in (("train", train), ("validation", validation)):
-            if stats.documents == 0:
+        for name, split in stats.items():
+            if split.documents == 0:
                 raise DataError(
                     f"{where}: the {name} split is empty ({self.documents} documents, "
-                    f"corpus.validation_fraction {self.cfg.validation_fraction}); add documents or change "
-                    "the fraction"
+                    f"corpus.validation_fraction {self.cfg.validation_fraction}, corpus.test_fraction "
+                    f"{self.cfg.test_fraction}); add documents or change the fractions"
                 )
-        return train, validation
+        return stats
 
 
 # --- loading ----------------------------------------------------------------------------------------
@@ -312,20 +325,18 @@ def _text_documents(cfg: CorpusConfig, files: list[Path], hashes: list[str]) -> 
 
 def _load_text_files(cfg: CorpusConfig, files: list[Path]) -> Corpus:
     splitter = _Splitter(cfg)
-    sides: dict[str, list[str]] = {"train": [], "validation": []}
+    sides: dict[str, list[str]] = {split: [] for split in SPLITS}
     hashes: list[str] = []
     for text, replaced in _text_documents(cfg, files, hashes):
         side = splitter.side(text, replaced)
         if side:
             sides[side].append(text)
-    train_stats, validation_stats = splitter.stats(_describe(cfg))
+    stats = splitter.stats(_describe(cfg))
     return Corpus(
-        train=datasets.Dataset.from_dict({"text": sides["train"]}),
-        validation=datasets.Dataset.from_dict({"text": sides["validation"]}),
+        splits={split: datasets.Dataset.from_dict({"text": texts}) for split, texts in sides.items()},
         fingerprint=_files_fingerprint(cfg, "text", hashes),
         source=_describe(cfg),
-        train_stats=train_stats,
-        validation_stats=validation_stats,
+        stats=stats,
         empty_documents_skipped=splitter.empty,
     )
 
@@ -413,7 +424,7 @@ def _split_dataset(
         raise DataError(f"{where}: field {cfg.text_field!r} holds {feature}, not text")
     dataset = dataset.select_columns([cfg.text_field])
     splitter = _Splitter(cfg)
-    indices: dict[str, list[int]] = {"train": [], "validation": []}
+    indices: dict[str, list[int]] = {split: [] for split in SPLITS}
     for start in range(0, len(dataset), _HASH_BATCH):
         texts = dataset[start : start + _HASH_BATCH][cfg.text_field]
         for offset, text in enumerate(texts):
@@ -424,16 +435,14 @@ def _split_dataset(
                     digest.update(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
         if cfg.max_documents is not None and splitter.documents >= cfg.max_documents:
             break
-    train_stats, validation_stats = splitter.stats(where)
+    stats = splitter.stats(where)
     if cfg.text_field != "text":
         dataset = dataset.rename_column(cfg.text_field, "text")
     return Corpus(
-        train=dataset.select(indices["train"]),
-        validation=dataset.select(indices["validation"]),
+        splits={split: dataset.select(chosen) for split, chosen in indices.items()},
         fingerprint=content_fingerprint or "",
         source=_describe(cfg),
-        train_stats=train_stats,
-        validation_stats=validation_stats,
+        stats=stats,
         empty_documents_skipped=splitter.empty,
     )
 

@@ -66,9 +66,21 @@ class Evaluator:
         first = self.unigram is None
         if first:  # the baseline a model must beat, once per run
             self.unigram = unigram_loss(self.train, self.validation, model.config.vocab_size)
+        manifest = self.validation.stream.manifest
         return EvalRecord(
             step=step,
             val_loss=self.last_val_loss,
             val_perplexity=math.exp(min(self.last_val_loss, 700.0)),
+            val_bits_per_byte=bits_per_byte(
+                self.last_val_loss, manifest.tokens_per_byte if manifest else None
+            ),
             unigram_val_loss=self.unigram if first else None,
         )
+
+
+def bits_per_byte(nats_per_token: float, tokens_per_byte: float | None) -> float | None:
+    """A loss in bits per byte of text: comparable across tokenizers and vocabulary sizes, since a
+    tokenizer with longer tokens has fewer, harder ones. None without the text's byte count."""
+    if tokens_per_byte is None:
+        return None
+    return nats_per_token * tokens_per_byte / math.log(2)

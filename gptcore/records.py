@@ -150,6 +150,7 @@ class EvalRecord(Record):
     step: int = context(0)
     val_loss: float = metric()
     val_perplexity: float = metric()
+    val_bits_per_byte: float | None = metric(optional=True)  # where the token file knows its text bytes
     unigram_val_loss: float | None = metric(optional=True)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from gptcore.corpus import Corpus, iter_texts
+from gptcore.corpus import SPLITS, Corpus, iter_texts
 from gptcore.errors import ConfigError, DataError
 from gptcore.fast_encode import Encoder, HFEncoder, first_difference, make_encoder
 from gptcore.fingerprint import code_version_of, fingerprint
@@ -37,7 +37,6 @@ from gptcore.tokenfile import (
 )
 from gptcore.tokenizer_training import TokenizerManifest, load_tokenizer
 
-SPLITS = ("train", "validation")
 ENCODERS = ("auto", "tiktoken", "tokenizers")
 FOLDER_MANIFEST = "manifest.json"
 SLICE_DOCUMENTS = 16384
@@ -55,6 +54,7 @@ class SplitTokens:
     sha256: str
     tokens: int
     documents: int
+    text_bytes: int = 0  # the split's documents in UTF-8: the denominator of bits per byte
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,10 @@ class TokenFolderManifest:
     @property
     def validation(self) -> SplitTokens:
         return self.files["validation"]
+
+    @property
+    def test(self) -> SplitTokens:
+        return self.files["test"]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -286,11 +290,10 @@ def _write_splits(
     reference: Encoder | None,
     verify_fraction: float,
 ) -> dict[str, _Written]:
-    datasets_by_split = {"train": corpus.train, "validation": corpus.validation}
-    with _progress(len(corpus.train) + len(corpus.validation)) as advance:
+    with _progress(sum(len(split) for split in corpus.splits.values())) as advance:
         return {
             split: _write_split(
-                datasets_by_split[split],
+                corpus.splits[split],
                 staging / f"{split}.bin",
                 encoder,
                 reference if encoder is not reference else None,
@@ -322,6 +325,7 @@ def _folder_manifest(
             sha256=result.sha256,
             tokens=result.tokens,
             documents=result.documents,
+            text_bytes=corpus.stats[split].bytes,
         )
         for split, result in written.items()
     }
@@ -361,6 +365,7 @@ def _write_file_manifests(
                 split=split,
                 sha256=token_file.sha256,
                 end_of_text_id=tokenizer.end_of_text_id,
+                text_bytes=token_file.text_bytes,
             ),
         )
     (staging / FOLDER_MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2), encoding="utf-8")

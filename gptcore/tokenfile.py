@@ -36,6 +36,12 @@ class TokenFileManifest:
     sha256: str
     format_version: int = FORMAT_VERSION
     end_of_text_id: int | None = None  # the separator written after every document
+    text_bytes: int | None = None  # the documents' UTF-8 bytes (bits per byte = nats / (ln 2 x bytes))
+
+    @property
+    def tokens_per_byte(self) -> float | None:
+        """Tokens (separators included) per byte of text; None where the manifest does not know."""
+        return self.token_count / self.text_bytes if self.text_bytes else None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

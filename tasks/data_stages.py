@@ -59,8 +59,9 @@ def tokenizer_task(
         figures={
             "vocab_size": manifest.vocab_size,
             "tokenizer_seconds": manifest.seconds,
-            "train_documents": loaded.train_stats.documents,
-            "validation_documents": loaded.validation_stats.documents,
+            "train_documents": loaded.stats["train"].documents,
+            "validation_documents": loaded.stats["validation"].documents,
+            "test_documents": loaded.stats["test"].documents,
         },
     )
 
@@ -69,7 +70,7 @@ def tokenizer_task(
 def tokens_task(
     fingerprint: str, corpus: CorpusConfig, tokenizer_result: TokenizerResult, data_root: str
 ) -> TokensResult:
-    """Encode train and validation into token files with their manifests."""
+    """Encode train, validation and test into token files with their manifests."""
     tokenizer = TokenizerManifest.from_dict(tokenizer_result.tokenizer)
     loaded = corpus_for(corpus, Path(data_root), tokenizer.corpus_fingerprint)
     built: TokenFolderManifest = build_token_files(loaded, tokenizer, Path(data_root))
@@ -82,12 +83,14 @@ def tokens_task(
         tokens=built.to_dict(),
         train=built.train.path,
         validation=built.validation.path,
+        test=built.test.path,
         tokenizer_path=tokenizer.path,
         files=files,
-        outputs=[built.train.path, built.validation.path],
+        outputs=[built.train.path, built.validation.path, built.test.path],
         figures={
             "train_tokens": built.train.tokens,
             "validation_tokens": built.validation.tokens,
+            "test_tokens": built.test.tokens,
             "tokens_per_second": built.tokens_per_second,
             "encoder": built.encoder,
             "tokens_seconds": built.seconds,

@@ -1,4 +1,4 @@
-"""The five pipeline stages as the flow calls them: fingerprint, cached task, outputs checked, recorded.
+"""The pipeline's stages as the flow calls them: fingerprint, cached task, outputs checked, recorded.
 
 Each function computes the stage's fingerprint from what determines its output, runs the cached task
 through `run_cached` (which reruns a hit whose files are missing or changed) and records the stage in
@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 from gptcore.config import PipelineParams
-from tasks import data_stages, training_stages
+from tasks import data_stages, evaluate_stage, training_stages
 from tasks.caching import StageOutcome, run_cached
 from tasks.device_stage import device_task
-from tasks.stage_results import FullResult, SmokeResult, TokenizerResult, TokensResult
+from tasks.stage_results import EvaluateResult, FullResult, SmokeResult, TokenizerResult, TokensResult
 from tasks.tracking import PipelineRecorder
 
 
@@ -103,6 +103,29 @@ def full(
         device=device.result,
         smoke=smoke.result,
         run_context=tracking.context("full"),
+    )
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def evaluate(
+    params: PipelineParams,
+    tokens: StageOutcome,
+    device: StageOutcome,
+    full: StageOutcome,
+    tracking: PipelineRecorder,
+) -> StageOutcome:
+    checkpoint = evaluate_stage.evaluated_checkpoint(params, full.result)
+    where = device.result.runtime["device"]
+    outcome = run_cached(
+        "evaluate",
+        evaluate_stage.evaluate_task,
+        EvaluateResult,
+        fingerprint=evaluate_stage.evaluate_fingerprint(params, tokens.result, checkpoint, where),
+        params=params,
+        tokens=tokens.result,
+        checkpoint=str(checkpoint),
+        device=where,
     )
     tracking.record_stage(outcome)
     return outcome

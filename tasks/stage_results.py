@@ -47,6 +47,7 @@ class TokensResult(StageResult):
     tokens: dict[str, Any]  # gptcore.token_build.TokenFolderManifest.to_dict()
     train: str  # the token files the training stages read
     validation: str
+    test: str  # held out: read by the evaluate stage alone
     tokenizer_path: str
 
 
@@ -69,3 +70,8 @@ class SmokeResult(StageResult):
 class FullResult(StageResult):
     run_directory: str
     summary: dict[str, Any]
+
+
+class EvaluateResult(StageResult):
+    checkpoint: str  # the checkpoint evaluated
+    evaluation: dict[str, Any]  # gptcore.held_out.HeldOutRecord.to_dict(): figures and samples

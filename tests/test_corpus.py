@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gptcore.config import CorpusConfig
-from gptcore.corpus import corpus_fingerprint, decode_utf8, in_validation, load_corpus, stdlib_files
+from gptcore.corpus import SPLITS, corpus_fingerprint, decode_utf8, load_corpus, split_of, stdlib_files
 from gptcore.errors import ConfigError, DataError
 
 WORDS = [
@@ -52,11 +52,13 @@ def write_documents(folder: Path, count: int, start: int = 0) -> list[str]:
 
 
 def local(paths: list[str], **settings: object) -> CorpusConfig:
-    return CorpusConfig(source="local", paths=paths, **{"validation_fraction": 0.2, **settings})
+    return CorpusConfig(
+        source="local", paths=paths, **{"validation_fraction": 0.2, "test_fraction": 0.2, **settings}
+    )
 
 
 def all_texts(corpus) -> list[str]:
-    return list(corpus.train["text"]) + list(corpus.validation["text"])
+    return [text for split in SPLITS for text in corpus.splits[split]["text"]]
 
 
 def test_builtin_corpus_is_the_stdlib_sources_in_a_stable_order():
@@ -75,9 +77,10 @@ def test_folder_of_text_files_gives_one_document_per_file(tmp_path):
     assert sorted(all_texts(corpus)) == sorted(texts)
     assert corpus.train.column_names == ["text"]
     stats = corpus.stats
-    assert stats["train"].documents + stats["validation"].documents == 40
-    assert stats["train"].bytes + stats["validation"].bytes == sum(len(t.encode()) for t in texts)
+    assert sum(split.documents for split in stats.values()) == 40
+    assert sum(split.bytes for split in stats.values()) == sum(len(t.encode()) for t in texts)
     assert stats["validation"].documents > 0 and stats["train"].documents > stats["validation"].documents
+    assert stats["test"].documents > 0
     assert json.loads(json.dumps(corpus.to_dict()))["fingerprint"] == corpus.fingerprint
 
 
@@ -99,7 +102,25 @@ def test_split_is_decided_by_content_and_stays_when_documents_are_added(tmp_path
     reseeded = load_corpus(local([str(tmp_path / "docs")], split_seed=7))
     assert set(reseeded.validation["text"]) != set(after.validation["text"])
     assert reseeded.fingerprint != after.fingerprint
-    assert in_validation(b"same bytes", 1, 0.5) == in_validation(b"same bytes", 1, 0.5)
+    assert set(before.test["text"]) <= set(after.test["text"])
+    assert split_of(b"same bytes", 1, 0.5, 0.2) == split_of(b"same bytes", 1, 0.5, 0.2)
+
+
+def test_the_test_split_is_held_out_and_taken_from_train_alone(tmp_path):
+    write_documents(tmp_path / "docs", 80)
+    without = load_corpus(local([str(tmp_path / "docs")], test_fraction=0.01))
+    held_out = load_corpus(local([str(tmp_path / "docs")], test_fraction=0.25))
+    test = set(held_out.test["text"])
+    assert len(test) >= 10 and not test & set(held_out.train["text"])
+    assert not test & set(held_out.validation["text"])
+    assert set(held_out.validation["text"]) == set(without.validation["text"])  # validation never moves
+    assert test <= set(without.train["text"]) | set(without.test["text"])
+    assert held_out.fingerprint != without.fingerprint
+
+
+def test_fractions_that_leave_nothing_to_train_on_are_refused():
+    with pytest.raises(ValueError, match=r"corpus.validation_fraction 0.5 \+ corpus.test_fraction 0.5"):
+        CorpusConfig(validation_fraction=0.5, test_fraction=0.5)
 
 
 def test_fingerprint_follows_content_not_modification_time(tmp_path):

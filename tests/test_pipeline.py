@@ -60,7 +60,7 @@ def write_params(root: Path, full_steps: int = 12, checkpoint_every: int = 4) ->
     params = f"""\
 iteration: 1
 model: tiny
-corpus: {{source: local, paths: ["{root / "corpus"}"], validation_fraction: 0.2}}
+corpus: {{source: local, paths: ["{root / "corpus"}"], validation_fraction: 0.2, test_fraction: 0.1}}
 tokenizer: {{vocab_size: 300}}
 runtime: {{device: cpu}}
 smoke: {{max_steps: 6, log_every: 2, eval_every: 6, validation_examples: 8,
@@ -150,6 +150,12 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     assert full["figures"]["final_val_loss"] < full["figures"]["unigram_val_loss"] + 2.0
     assert all(Path(path).is_file() for path in full["outputs"])
     assert "tokens/s measured" in first.stderr and "estimated at" in first.stderr
+    evaluation = stages_of(first)["evaluate"]
+    figures = evaluation["figures"]
+    assert 0 < figures["test_loss"] < figures["unigram_test_loss"] + 2.0
+    assert figures["test_bits_per_byte"] > 0 and figures["sample"]
+    assert [Path(path).name for path in evaluation["outputs"]] == ["evaluation.json", "samples.md"]
+    assert "Greedy:" in Path(evaluation["outputs"][1]).read_text()
 
     again = gptpipe(prefect_env, "--params", params)
     assert states(again) == {**dict.fromkeys(STAGES, "cached"), "device": "completed"}
@@ -181,6 +187,7 @@ def test_until_stops_after_the_named_stage(tmp_path: Path, prefect_env: dict[str
         "device": "skipped",
         "smoke": "skipped",
         "full": "skipped",
+        "evaluate": "skipped",
     }
 
 

@@ -124,7 +124,9 @@ def test_full_training_stops_when_validation_goes_above_the_uniform_guess_after_
 def test_iteration_1s_default_smoke_passes_on_real_text(tmp_path: Path) -> None:
     params = load_params(REPO / "params" / "iteration_1.yaml")
     paths = [str(STDLIB / name / "*.py") for name in ("email", "json", "unittest", "asyncio")]
-    corpus = load_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.2))
+    corpus = load_corpus(
+        CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
+    )
     tokenizer = train_tokenizer(corpus, params.tokenizer, tmp_path)
     tokens = build_token_files(corpus, tokenizer, tmp_path)
     recorder = smoke_run(params, Path(tokens.train.path), Path(tokens.validation.path))

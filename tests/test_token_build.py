@@ -29,7 +29,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 @pytest.fixture(scope="module")
 def corpus() -> Corpus:
     paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py"), str(STDLIB / "unittest" / "*.py")]
-    return load_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.2))
+    return load_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2))
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +44,14 @@ def documents_in(path: str, end_of_text_id: int) -> list[np.ndarray]:
     return np.split(tokens, ends + 1)[:-1]
 
 
-def test_builds_both_splits_with_manifests_the_trainer_can_read(corpus, tokenizer, tmp_path):
+def test_builds_every_split_with_manifests_the_trainer_can_read(corpus, tokenizer, tmp_path):
     manifest = build_token_files(corpus, tokenizer, tmp_path)
     folder = tmp_path / "tokens" / token_files_fingerprint(corpus.fingerprint, tokenizer)
     assert Path(manifest.directory) == folder.resolve()
     assert sorted(child.name for child in folder.iterdir()) == [
         "manifest.json",
+        "test.bin",
+        "test.bin.manifest.json",
         "train.bin",
         "train.bin.manifest.json",
         "validation.bin",
@@ -57,7 +59,7 @@ def test_builds_both_splits_with_manifests_the_trainer_can_read(corpus, tokenize
     ]
     assert read_token_folder_manifest(folder) == manifest
     assert json.loads(json.dumps(manifest.to_dict()))["files"]["train"]["tokens"] == manifest.train.tokens
-    for split, dataset in (("train", corpus.train), ("validation", corpus.validation)):
+    for split, dataset in corpus.splits.items():
         stream = open_tokens(manifest.files[split].path)
         assert stream.manifest is not None
         assert stream.manifest.dtype == "uint16" and stream.tokens.dtype == np.dtype("<u2")
@@ -67,6 +69,7 @@ def test_builds_both_splits_with_manifests_the_trainer_can_read(corpus, tokenize
         assert stream.manifest.end_of_text_id == tokenizer.end_of_text_id
         assert len(stream) == stream.manifest.token_count == manifest.files[split].tokens
         assert sha256_file(stream.path) == stream.manifest.sha256 == manifest.files[split].sha256
+        assert stream.manifest.text_bytes == corpus.stats[split].bytes == manifest.files[split].text_bytes
         check_vocabulary(stream, tokenizer.vocab_size)
     assert manifest.tokens_per_second > 0 and not list((tmp_path / "tokens").glob(".*"))
 
@@ -74,7 +77,7 @@ def test_builds_both_splits_with_manifests_the_trainer_can_read(corpus, tokenize
 def test_decoding_the_token_files_gives_back_the_documents(corpus, tokenizer, tmp_path):
     manifest = build_token_files(corpus, tokenizer, tmp_path)
     hf = Tokenizer.from_file(tokenizer.path)
-    for split, dataset in (("train", corpus.train), ("validation", corpus.validation)):
+    for split, dataset in corpus.splits.items():
         pieces = documents_in(manifest.files[split].path, tokenizer.end_of_text_id)
         assert len(pieces) == len(dataset)
         for index in range(0, len(dataset), 3):

@@ -23,7 +23,7 @@ SMALL = TokenizerConfig(vocab_size=400, min_frequency=2)
 @pytest.fixture(scope="module")
 def corpus() -> Corpus:
     paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
-    return load_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.3))
+    return load_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.3, test_fraction=0.2))
 
 
 def test_writes_a_loadable_byte_level_tokenizer_and_its_manifest(corpus, tmp_path):
@@ -59,11 +59,14 @@ def test_trains_on_the_train_split_only(tmp_path):
 
     train = [f"common words number {i} and more common words\n" for i in range(50)]
     validation = ["zyzzyvazyzzyva " * 200]
+    test = ["quokkaquokka " * 200]
     stats = SplitStats(documents=1, bytes=1, replaced_bytes=0)
-    corpus = Corpus(split(train), split(validation), "fp", "test", stats, stats, 0)
+    splits = {"train": split(train), "validation": split(validation), "test": split(test)}
+    corpus = Corpus(splits, "fp", "test", dict.fromkeys(splits, stats), 0)
     tokenizer = Tokenizer.from_file(train_tokenizer(corpus, SMALL, tmp_path).path)
     assert tokenizer.token_to_id("Ġcommon") is not None
     assert not any("yzz" in token for token in tokenizer.get_vocab()), "validation text taught nothing"
+    assert not any("okk" in token for token in tokenizer.get_vocab()), "test text taught nothing"
 
 
 def test_a_file_changed_after_training_is_detected(corpus, tmp_path):

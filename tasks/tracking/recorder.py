@@ -172,10 +172,11 @@ class PipelineRecorder:
         return run_id
 
     def _log_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
-        """The stage manifest, and the JSON files among its outputs (tokenizer.json, token manifests)."""
+        """The stage manifest, and the JSON and markdown files among its outputs (tokenizer.json, token
+        manifests, the evaluation and its samples)."""
         self.writer.log_dict(run_id, manifest, "stage_manifest.json")
         for path in manifest.get(_FILES_KEY, {}):
-            if str(path).endswith(".json"):
+            if str(path).endswith((".json", ".md")):
                 self.writer.log_artifact(run_id, Path(path), "outputs")
 
     def finish(self, report: Any = None, failed: bool | None = None) -> None:

@@ -163,6 +163,12 @@ PARAM_FILE_CASES = [
         {"p.yaml": 'iteration: !!python/object/apply:os.system ["touch pwned"]\n'},
     ),
     Case(
+        "fractions-leaving-nothing-to-train-on",
+        run("p.yaml"),
+        "p.yaml: corpus: corpus.validation_fraction 0.05 + corpus.test_fraction 0.95 leave nothing to train",
+        {"p.yaml": changed("corpus.test_fraction", 0.95)},
+    ),
+    Case(
         "local-corpus-without-paths",
         run("p.yaml"),
         "p.yaml: corpus: source 'local' needs corpus.paths",
