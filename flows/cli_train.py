@@ -55,10 +55,15 @@ def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
 
 
 def training_callbacks(
-    params: Any, stage: str, track: bool = False, params_file: Path | None = None
+    params: Any,
+    stage: str,
+    track: bool = False,
+    params_file: Path | None = None,
+    job_fields: dict[str, Any] | None = None,
 ) -> list[Any]:
     """The callbacks `gptpipe train` runs with: JSON lines, and with `track` the MLflow run (the store is
-    checked here, so an unreachable tracking server stops the command before any training)."""
+    checked here, so an unreachable tracking server stops the command before any training), which
+    declares the job's token files as its datasets."""
     from gptcore.json_lines import JsonLinesCallback
 
     callbacks: list[Any] = [JsonLinesCallback()]
@@ -70,8 +75,10 @@ def training_callbacks(
         tags = {"stage": stage, "kind": "training", "source": "gptpipe train"}
         inputs = [params_file] if params_file else []
         run_name = f"{Path(params_file).stem}-{stage}" if params_file else stage
+        fields = job_fields or {}
+        datasets = {"train": fields.get("train_tokens"), "validation": fields.get("validation_tokens")}
         callback = session.training_callback(
-            run_name, tags=tags, params=profile_params(params), artifacts=inputs
+            run_name, tags=tags, params=profile_params(params), artifacts=inputs, datasets=datasets
         )
         callbacks.append(callback)
     return callbacks
@@ -201,7 +208,7 @@ def train_in_process(params: Any, path: Path, stage: str, job_fields: dict[str, 
     from tasks.tracking import training_metadata
 
     with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
-        callbacks = training_callbacks(params, stage, track, Path(path)) if world.is_main else []
+        callbacks = training_callbacks(params, stage, track, Path(path), job_fields) if world.is_main else []
         metadata = training_metadata(callbacks)  # live: the MLflow run id lands in it when the run opens
         metadata.update({"params_file": str(path), "stage": stage})
         job = TrainJob.from_params(
@@ -221,7 +228,7 @@ def train_launched(
     from gptcore.trainer import TrainJob
     from tasks.tracking import open_training_run, training_metadata
 
-    callbacks = training_callbacks(params, stage, track, Path(path))
+    callbacks = training_callbacks(params, stage, track, Path(path), job_fields)
     metadata = training_metadata(callbacks)
     metadata.update({"params_file": str(path), "stage": stage})
     if spec.nnodes == 1:  # this node holds rank 0: open the run now, so every checkpoint carries its id

@@ -136,6 +136,18 @@ def states(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return {name: stage["state"] for name, stage in stages_of(result).items()}
 
 
+def datasets_of(env: dict[str, str], stage: str) -> set[tuple[str, str]]:
+    """The dataset inputs (name, context) of the newest run of `stage` in the pipeline's MLflow store."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("test-pipeline")
+    run = client.search_runs(
+        [experiment.experiment_id], f"tags.stage = '{stage}'", order_by=["attributes.start_time DESC"]
+    )[0]
+    return {(i.dataset.name, i.tags[0].value) for i in run.inputs.dataset_inputs}
+
+
 # --- the pipeline, run for real ---------------------------------------------------------------------
 
 
@@ -156,6 +168,11 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     assert figures["test_bits_per_byte"] > 0 and figures["sample"]
     assert [Path(path).name for path in evaluation["outputs"]] == ["evaluation.json", "samples.md"]
     assert "Greedy:" in Path(evaluation["outputs"][1]).read_text()
+    assert datasets_of(prefect_env, "full") == {
+        ("tokens-train", "training"),
+        ("tokens-validation", "validation"),
+    }
+    assert datasets_of(prefect_env, "evaluate") == {("tokens-test", "test")}
 
     again = gptpipe(prefect_env, "--params", params)
     assert states(again) == {**dict.fromkeys(STAGES, "cached"), "device": "completed"}

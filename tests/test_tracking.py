@@ -218,6 +218,48 @@ def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
     assert callback.report["failed_calls"] == 0
 
 
+def test_a_training_run_declares_its_token_files_as_datasets_from_their_manifests(
+    session: TrackingSession, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from gptcore.fingerprint import sha256_file
+    from gptcore.tokenfile import TokenFileManifest, write_manifest
+
+    train_file, bare = tmp_path / "train.bin", tmp_path / "validation.bin"
+    for path in (train_file, bare):
+        np.arange(64, dtype="<u2").tofile(path)
+    manifest = TokenFileManifest(
+        dtype="uint16",
+        token_count=64,
+        document_count=3,
+        vocab_size=300,
+        tokenizer_sha256="ab" * 32,
+        corpus_fingerprint="corpus-fp",
+        split="train",
+        sha256=sha256_file(train_file),
+        text_bytes=200,
+    )
+    write_manifest(train_file, manifest)
+    callback = session.training_callback(
+        "data", system_metrics=False, datasets={"train": train_file, "validation": bare, "test": None}
+    )
+    callback.on_start(STARTUP)
+    callback.on_end({"steps": 0})
+    inputs = session.client.get_run(callback.run_id).inputs.dataset_inputs
+    assert len(inputs) == 1  # the bare stream has no manifest to declare
+    dataset = inputs[0].dataset
+    assert (dataset.name, dataset.digest) == ("tokens-train", manifest.sha256[:16])
+    assert json.loads(dataset.profile) == {
+        "tokens": 64,
+        "documents": 3,
+        "text_bytes": 200,
+        "tokenizer_sha256": "ab" * 32,
+        "corpus_fingerprint": "corpus-fp",
+    }
+    assert {(tag.key, tag.value) for tag in inputs[0].tags} == {("mlflow.data.context", "training")}
+
+
 class FlakyClient:
     """An MlflowClient whose metric batches fail a number of times (or always) before going through."""
 

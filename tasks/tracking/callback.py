@@ -20,6 +20,7 @@ from typing import Any
 
 from gptcore.callbacks import TrainingCallback
 from gptcore.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
+from tasks.tracking.datasets import token_file_inputs
 from tasks.tracking.store import redact
 from tasks.tracking.writer import RunWriter
 
@@ -42,6 +43,7 @@ class MLflowCallback(TrainingCallback):
         tags: dict[str, str] | None = None,
         params: dict[str, Any] | None = None,
         artifacts: list[Path] | None = None,
+        datasets: dict[str, Any] | None = None,
         system_metrics: bool = True,
         log_checkpoints: bool = True,
         flush_seconds: float = 1.0,
@@ -59,6 +61,7 @@ class MLflowCallback(TrainingCallback):
         self.tags = dict(tags or {})
         self.params = dict(params or {})
         self.artifacts = list(artifacts or [])
+        self.datasets = dict(datasets or {})  # {split: token file}: the run's dataset inputs
         self.system_metrics = system_metrics
         self.log_checkpoints = log_checkpoints
         self.writer = RunWriter(
@@ -160,6 +163,8 @@ class MLflowCallback(TrainingCallback):
         )
         for path in self.artifacts:
             self.writer.log_artifact(run_id, Path(path), "inputs")
+        if not self.continued:  # a resumed run declared its inputs when it started
+            self.writer.log_inputs(run_id, token_file_inputs(self.datasets))
         self._start_system_metrics()
 
     def on_step(self, metrics: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from gptcore.fingerprint import sha256_file
 from gptcore.records import finite_metrics, profile_params
 from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
+from tasks.tracking.datasets import token_file_inputs
 from tasks.tracking.session import TrackingSession
 from tasks.tracking.store import TrackingError, environment_tags, git_commit, redact
 from tasks.tracking.writer import RunWriter
@@ -44,6 +45,7 @@ class PipelineRecorder:
     stage_runs: dict[str, str | None] = field(default_factory=dict)
     callbacks: dict[str, MLflowCallback] = field(default_factory=dict)
     data_params: dict[str, Any] = field(default_factory=dict)
+    token_files: dict[str, str] = field(default_factory=dict)  # {split: path}, once the tokens stage ran
     recorded: set[str] = field(default_factory=set)
 
     @classmethod
@@ -108,6 +110,7 @@ class PipelineRecorder:
                 parent_run_id=self.parent_run_id,
                 tags={"stage": stage, "kind": "training"},
                 params=params,
+                datasets={split: path for split, path in self.token_files.items() if split != "test"},
             )
         return self.callbacks[stage]
 
@@ -146,6 +149,7 @@ class PipelineRecorder:
         self.recorded.add(name)
         if name == "tokens" and manifest.get("fingerprint"):
             self.data_params["data.tokens_fingerprint"] = manifest["fingerprint"]
+            self.token_files = {split: manifest[split] for split in ("train", "validation", "test")}
         if name == "tokenizer" and manifest.get("fingerprint"):
             self.data_params["data.tokenizer_fingerprint"] = manifest["fingerprint"]
         if run_id is None:
@@ -168,6 +172,8 @@ class PipelineRecorder:
             self.writer.log_metrics(run_id, finite_metrics(figures, tuple(figures)), 0)
         if manifest and name not in TRAINING_STAGES:
             self._log_manifest(run_id, manifest)
+        if name == "evaluate" and "test" in self.token_files:
+            self.writer.log_inputs(run_id, token_file_inputs({"test": self.token_files["test"]}))
         self.writer.set_terminated(run_id, "FAILED" if state == "failed" else "FINISHED")
         return run_id
 

@@ -114,6 +114,11 @@ class RunWriter:
         if batch:
             self._submit("set_tags", self.client.log_batch, run_id, tags=batch)
 
+    def log_inputs(self, run_id: str, datasets: list[Any]) -> None:
+        """Dataset inputs (`mlflow.entities.DatasetInput`) of the run."""
+        if datasets:
+            self._submit("log_inputs", self.client.log_inputs, run_id, datasets=datasets)
+
     def log_artifact(self, run_id: str, path: Path, folder: str) -> None:
         if Path(path).is_file():
             self._submit("log_artifact", self.client.log_artifact, run_id, str(path), folder)
