@@ -177,6 +177,9 @@ class TrackingConfig(Strict):
     artifact_root: str = "mlruns/artifacts"
     experiment: str = "gptpipe"
     system_metrics: bool = True
+    registered_model: str | None = Field(
+        default=None, description="the evaluate stage's registered model (None: gptpipe-iteration-N)"
+    )
 
 
 class EvaluateConfig(Strict):

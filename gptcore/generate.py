@@ -9,7 +9,7 @@ import torch
 
 from gptcore import checkpoint as ckpt
 from gptcore.config import ModelConfig
-from gptcore.errors import CheckpointError, DataError
+from gptcore.errors import CheckpointError, ConfigError, DataError
 from gptcore.model import GPT
 
 
@@ -65,6 +65,76 @@ def sample(
     return context[0, len(ids) :].tolist()
 
 
+MAX_NEW_TOKENS = 1024  # the most new tokens one request may ask for: the cap a served model states
+# A served or logged model's settings when a request names none.
+DEFAULT_COMPLETION = {"max_new_tokens": 40, "temperature": 0.8, "top_k": 50, "seed": 0}
+
+
+class Completer:
+    """A model and its tokenizer: prompts in, completions out (the CLI, the MLflow model, the server).
+    Bad settings are a ConfigError naming the setting, its value and what is allowed."""
+
+    def __init__(self, model: GPT, tokenizer: Any, max_new_tokens_cap: int = MAX_NEW_TOKENS) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens_cap = max_new_tokens_cap
+
+    @classmethod
+    def from_paths(cls, model: GPT, tokenizer_path: Path) -> Completer:
+        from tokenizers import Tokenizer
+
+        if not Path(tokenizer_path).is_file():
+            raise DataError(f"{tokenizer_path}: tokenizer file not found")
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        except Exception:  # the Rust loader raises a bare Exception for any malformed file
+            raise DataError(f"{tokenizer_path}: not a loadable tokenizer.json") from None
+        if tokenizer.get_vocab_size() > model.config.vocab_size:
+            raise DataError(
+                f"{tokenizer_path}: tokenizer vocabulary {tokenizer.get_vocab_size()} exceeds the model's "
+                f"{model.config.vocab_size}"
+            )
+        return cls(model, tokenizer)
+
+    def complete(
+        self,
+        prompts: list[str],
+        max_new_tokens: int = 100,
+        temperature: float = 0.8,
+        top_k: int | None = 50,
+        seed: int = 0,
+    ) -> list[str]:
+        """One completion per prompt; temperature 0 is greedy. Seeded: the same call, the same text."""
+        new_ids = self.complete_ids(prompts, max_new_tokens, temperature, top_k, seed)
+        return [self.tokenizer.decode(ids) for ids in new_ids]
+
+    def complete_ids(
+        self, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int | None, seed: int
+    ) -> list[list[int]]:
+        """The new token ids of each prompt's completion."""
+        self._check(prompts, max_new_tokens, temperature, top_k)
+        device = next(self.model.parameters()).device
+        completions = []
+        for prompt in prompts:
+            generator = torch.Generator(device=device).manual_seed(seed)
+            ids = self.tokenizer.encode(prompt).ids or [0]
+            completions.append(sample(self.model, ids, max_new_tokens, temperature, top_k or None, generator))
+        return completions
+
+    def _check(self, prompts: Any, max_new_tokens: Any, temperature: Any, top_k: Any) -> None:
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise ConfigError("inputs: expected a list of prompt strings")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ConfigError(f"max_new_tokens {max_new_tokens!r}: expected a whole number")
+        if not 1 <= max_new_tokens <= self.max_new_tokens_cap:
+            cap = self.max_new_tokens_cap
+            raise ConfigError(f"max_new_tokens {max_new_tokens}: allowed from 1 to {cap} (this model's cap)")
+        if not isinstance(temperature, int | float) or not 0 <= temperature <= 10:
+            raise ConfigError(f"temperature {temperature!r}: allowed from 0 (greedy) to 10")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+            raise ConfigError(f"top_k {top_k!r}: expected a whole number, 0 for none")
+
+
 def generate_text(
     directory: Path,
     prompt: str,
@@ -75,28 +145,17 @@ def generate_text(
     seed: int = 0,
     checkpoint: str = "auto",
 ) -> dict[str, Any]:
-    from tokenizers import Tokenizer
-
     path = choose_checkpoint(directory, checkpoint)
     model, record = load_model(path)
     tokenizer_path = tokenizer_path or record.get("metadata", {}).get("tokenizer")
     if not tokenizer_path:
         raise DataError(f"{path}: the checkpoint names no tokenizer; pass --tokenizer PATH")
-    if not Path(tokenizer_path).is_file():
-        raise DataError(f"{tokenizer_path}: tokenizer file not found")
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    if tokenizer.get_vocab_size() > model.config.vocab_size:
-        raise DataError(
-            f"{tokenizer_path}: tokenizer vocabulary {tokenizer.get_vocab_size()} exceeds the model's "
-            f"{model.config.vocab_size}"
-        )
-    ids = tokenizer.encode(prompt).ids or [0]
-    generator = torch.Generator().manual_seed(seed)
-    new_ids = sample(model, ids, max_new_tokens, temperature, top_k, generator)
+    completer = Completer.from_paths(model, Path(tokenizer_path))
+    new_ids = completer.complete_ids([prompt], max_new_tokens, temperature, top_k, seed)[0]
     return {
         "checkpoint": str(path),
         "step": record.get("step"),
         "prompt": prompt,
-        "completion": tokenizer.decode(new_ids),
+        "completion": completer.tokenizer.decode(new_ids),
         "new_tokens": len(new_ids),
     }

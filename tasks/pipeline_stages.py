@@ -16,6 +16,7 @@ from tasks.caching import StageOutcome, run_cached
 from tasks.device_stage import device_task
 from tasks.stage_results import EvaluateResult, FullResult, SmokeResult, TokenizerResult, TokensResult
 from tasks.tracking import PipelineRecorder
+from tasks.tracking.registry import registered_name
 
 
 def data_root(params: PipelineParams) -> str:
@@ -127,5 +128,11 @@ def evaluate(
         checkpoint=str(checkpoint),
         device=where,
     )
+    bits = outcome.figures.get("test_bits_per_byte")
+    if bits is not None:
+        registration = tracking.register_evaluated(registered_name(params), checkpoint, bits)
+        if registration is not None:
+            figures = {**outcome.figures, **registration.figures()}
+            outcome.result = outcome.result.model_copy(update={"figures": figures})
     tracking.record_stage(outcome)
     return outcome

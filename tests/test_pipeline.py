@@ -173,9 +173,12 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
         ("tokens-validation", "validation"),
     }
     assert datasets_of(prefect_env, "evaluate") == {("tokens-test", "test")}
+    assert (figures["registered_model"], figures["alias"]) == ("gptpipe-iteration-1", "champion")
 
     again = gptpipe(prefect_env, "--params", params)
     assert states(again) == {**dict.fromkeys(STAGES, "cached"), "device": "completed"}
+    version = stages_of(again)["evaluate"]["figures"]["model_version"]
+    assert version == figures["model_version"]  # the same checkpoint: the same version, still champion
 
     # A deleted output file: its stage runs again; stages downstream keep their cache (same fingerprint).
     Path(stages_of(again)["tokens"]["outputs"][1]).unlink()

@@ -77,6 +77,7 @@ class MLflowCallback(TrainingCallback):
         self.metadata: dict[str, Any] = {}
         self.continued = False
         self.checkpoints: dict[str, Path] = {}
+        self.models: dict[str, str] = {}  # checkpoint kind -> logged model id
         self.report: dict[str, Any] = {}
         self._opened = False
         self._monitor: Any = None
@@ -189,6 +190,7 @@ class MLflowCallback(TrainingCallback):
                 for kind in ("final", "best"):
                     if kind in self.checkpoints:
                         self._log_checkpoint(self.checkpoints[kind], kind)
+                        self._log_model(self.checkpoints[kind], kind)
         self._finish("FINISHED", {})
 
     def on_failure(self, reason: str) -> None:
@@ -199,6 +201,25 @@ class MLflowCallback(TrainingCallback):
     def _log_checkpoint(self, path: Path, kind: str) -> None:
         self.writer.log_artifact(self.run_id, path, f"checkpoints/{kind}")
         self.writer.log_artifact(self.run_id, path.with_suffix(".json"), f"checkpoints/{kind}")
+
+    def _log_model(self, path: Path, kind: str) -> None:
+        """The checkpoint as a logged model of this run (`self.models[kind]` its id); a checkpoint that
+        cannot be one (no tokenizer recorded, unreadable) is noted, not retried."""
+        from gptcore.errors import GptpipeError
+        from tasks.tracking.logged_models import log_checkpoint_model
+
+        def log() -> str | None:
+            try:
+                return log_checkpoint_model(
+                    self.client, self.experiment_id, self.run_id, path, kind, {"stage": self.run_name}
+                )
+            except (GptpipeError, OSError, KeyError) as error:  # the checkpoint, not the store
+                self.writer.report.last_error = f"logged model {kind}: {str(error).splitlines()[0]}"
+                return None
+
+        model_id = self.writer.ask("log_model", log)
+        if model_id:
+            self.models[kind] = model_id
 
     def _finish(self, status: str, tags: dict[str, Any]) -> None:
         if self._closed:

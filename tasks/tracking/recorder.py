@@ -125,6 +125,19 @@ class PipelineRecorder:
             "run_id": callback.run_id if callback is not None else None,
         }
 
+    def register_evaluated(self, name: str, checkpoint: Path, test_bits_per_byte: float) -> Any:
+        """The evaluated checkpoint registered as a version of `name`, champion or challenger
+        (`tasks.tracking.registry`); None when the store did not answer."""
+        from tasks.tracking.registry import register
+
+        run_id = self.stage_run("evaluate")
+        if run_id is None:
+            return None
+        client, experiment = self.session.client, self.session.experiment_id
+        return self.writer.ask(
+            "register", register, client, experiment, run_id, name, checkpoint, test_bits_per_byte
+        )
+
     def producing_run(self, stage: str, fingerprint: str, exclude: str) -> str | None:
         """The latest child run that really ran `stage` with this fingerprint (not a cached one)."""
         query = (

@@ -1,0 +1,121 @@
+"""Kept checkpoints as MLflow logged models: linked to the run and step, loadable, predicting completions."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import mlflow.pyfunc
+import pytest
+from mlflow.exceptions import MlflowException
+from tracking_support import fresh_store
+
+from gptcore.config import (
+    CorpusConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RuntimeConfig,
+    TokenizerConfig,
+    TrackingConfig,
+    TrainingConfig,
+)
+from gptcore.corpus import load_corpus
+from gptcore.generate import generate_text
+from gptcore.token_build import build_token_files
+from gptcore.tokenizer_training import train_tokenizer
+from gptcore.trainer import TrainJob, train
+from tasks.tracking import TrackingSession, training_metadata
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrackingSession, object, Path]:
+    """A tracked 8-step training on real text with a tokenizer: its session, callback and checkpoints."""
+    folder = tmp_path_factory.mktemp("logged")
+    paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
+    corpus = load_corpus(
+        CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
+    )
+    tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)
+    tokens = build_token_files(corpus, tokenizer, folder)
+    session = TrackingSession.open(TrackingConfig(uri=fresh_store(folder), experiment="models"))
+    callback = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
+    train(
+        TrainJob(
+            model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=400),
+            runtime=RuntimeConfig(device="cpu", precision="fp32", batch_size=4),
+            training=TrainingConfig(
+                max_steps=8,
+                log_every=4,
+                eval_every=4,
+                checkpoint_every=4,
+                optimizer=OptimizerConfig(warmup_steps=1),
+            ),
+            train_tokens=Path(tokens.train.path),
+            validation_tokens=Path(tokens.validation.path),
+            checkpoint_directory=folder / "run",
+            tokenizer=Path(tokenizer.path),
+            metadata=training_metadata([callback]),
+        ),
+        callback,
+    )
+    return session, callback, folder / "run"
+
+
+def test_the_best_and_final_checkpoints_are_logged_models_of_the_run_at_their_steps(trained) -> None:
+    from gptcore.checkpoint import checkpoint_metadata
+
+    session, callback, run = trained
+    assert set(callback.models) == {"best", "final"}
+    outputs = session.client.get_run(callback.run_id).outputs.model_outputs
+    steps = {kind: checkpoint_metadata(run / f"{kind}.pt")["step"] for kind in ("best", "final")}
+    assert {(o.model_id, o.step) for o in outputs} == {(callback.models[k], steps[k]) for k in steps}
+    final = session.client.get_logged_model(callback.models["final"])
+    assert final.source_run_id == callback.run_id and final.tags["checkpoint_kind"] == "final"
+    assert {(m.key, m.step) for m in final.metrics} >= {
+        ("val_loss", 8),
+        ("train_loss", 8),
+        ("val_perplexity", 8),
+    }
+
+
+def test_a_logged_model_loads_and_completes_prompts_as_gptpipe_generate_does(trained) -> None:
+    session, callback, run = trained
+    model = mlflow.pyfunc.load_model(
+        session.client.get_logged_model(callback.models["final"]).artifact_location
+    )
+    greedy = {"max_new_tokens": 6, "temperature": 0.0}
+    completions = model.predict(["def load(", "import "], params=greedy)
+    expected = generate_text(run, "def load(", max_new_tokens=6, temperature=0.0, checkpoint="final")
+    assert len(completions) == 2 and completions[0] == expected["completion"]
+    assert model.predict(["x"]) == model.predict(["x"])  # seeded by default: the same text again
+    with pytest.raises(MlflowException, match=r"max_new_tokens 5000: allowed from 1 to 1024"):
+        model.predict(["x"], params={"max_new_tokens": 5000})
+
+
+def test_the_registry_moves_champion_only_to_a_better_test_figure_and_registers_a_checkpoint_once(
+    trained, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.tracking.registry import register
+
+    session, callback, run = trained
+    client, experiment = session.client, session.experiment_id
+    first = register(client, experiment, callback.run_id, "gpt-registry", run / "final.pt", 2.0)
+    assert (first.alias, first.model_version, first.champion_test_bits_per_byte) == ("champion", "1", None)
+    assert first.model_id in callback.models.values()  # the logged model training made, found by content
+    earlier = run / "step-00000004.pt"  # no logged model yet: logged now, into the given run
+    worse = register(client, experiment, callback.run_id, "gpt-registry", earlier, 2.1)
+    assert (worse.alias, worse.model_version, worse.champion_test_bits_per_byte) == ("challenger", "2", 2.0)
+    again = register(client, experiment, callback.run_id, "gpt-registry", earlier, 2.1)
+    assert again.model_version == "2"  # the same checkpoint is one version
+    champion = client.get_model_version_by_alias("gpt-registry", "champion")
+    assert str(champion.version) == "1" and champion.tags["decision"] == "champion"
+    tags = client.get_model_version("gpt-registry", "2").tags
+    assert (tags["decision"], tags["champion_test_bits_per_byte"]) == ("challenger", "2.0")
+    better = register(client, experiment, callback.run_id, "gpt-registry", earlier, 1.9)
+    assert (better.alias, better.model_version) == ("champion", "2")
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)  # models:/ URIs resolve in the store
+    model = mlflow.pyfunc.load_model("models:/gpt-registry@champion")
+    assert len(model.predict(["def "], params={"max_new_tokens": 3})) == 1
