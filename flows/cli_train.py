@@ -242,7 +242,10 @@ def train_launched(
 
 
 def generate_command(
-    checkpoint_directory: Path = typer.Option(..., "--checkpoint-directory"),
+    checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory"),
+    model: str | None = typer.Option(
+        None, "--model", help="an MLflow model URI instead: models:/gptpipe-iteration-1@champion, models:/ID"
+    ),
     prompt: str = typer.Option(..., "--prompt"),
     max_new_tokens: int = typer.Option(100, "--max-new-tokens", min=1),
     temperature: float = typer.Option(0.8, "--temperature", min=0.0),
@@ -252,10 +255,38 @@ def generate_command(
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Sample a continuation of a prompt from a trained checkpoint."""
-    from gptcore.generate import generate_text
+    """Sample a continuation of a prompt from a trained checkpoint or a logged MLflow model."""
+    if (checkpoint_directory is None) == (model is None):
+        raise ConfigError("gptpipe generate: give --checkpoint-directory DIR or --model URI (one of them)")
+    if model is not None:
+        result = _generate_from_model(model, prompt, max_new_tokens, temperature, top_k, seed)
+    else:
+        from gptcore.generate import generate_text
 
-    result = generate_text(
-        checkpoint_directory, prompt, tokenizer, max_new_tokens, temperature, top_k or None, seed, checkpoint
-    )
+        result = generate_text(
+            checkpoint_directory,
+            prompt,
+            tokenizer,
+            max_new_tokens,
+            temperature,
+            top_k or None,
+            seed,
+            checkpoint,
+        )
     print(json.dumps(result) if as_json else prompt + result["completion"])
+
+
+def _generate_from_model(
+    uri: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int
+) -> dict[str, Any]:
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking.model_uri import load_model_uri
+
+    loaded = load_model_uri(uri)
+    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "seed": seed}
+    try:
+        completion = loaded.predict([prompt], params=settings)[0]
+    except MlflowException as error:
+        raise ConfigError(str(error.message).splitlines()[0]) from None
+    return {"model": uri, "prompt": prompt, "completion": completion}

@@ -96,7 +96,7 @@ def logged_run(session: TrackingSession, params: dict[str, Any], tokens_per_seco
 
 
 def test_runs_whose_controls_differ_are_refused_naming_the_controls(tmp_path: Path) -> None:
-    config = TrackingConfig(uri=fresh_store(tmp_path), experiment="x")
+    config = TrackingConfig(uri=fresh_store(tmp_path), artifact_root=str(tmp_path / "art"), experiment="x")
     session = TrackingSession.open(config)
     base = {"device": "cpu", "precision": "fp32", "batch_size": 4, "max_steps": 10, "data.train_tokens": "t"}
     a = logged_run(session, base, 1000.0)

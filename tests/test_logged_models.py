@@ -39,7 +39,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrackingSession, 
     )
     tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)
     tokens = build_token_files(corpus, tokenizer, folder)
-    session = TrackingSession.open(TrackingConfig(uri=fresh_store(folder), experiment="models"))
+    store = TrackingConfig(uri=fresh_store(folder), artifact_root=str(folder / "art"), experiment="models")
+    session = TrackingSession.open(store)
     callback = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
     train(
         TrainJob(
@@ -119,3 +120,29 @@ def test_the_registry_moves_champion_only_to_a_better_test_figure_and_registers_
     monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)  # models:/ URIs resolve in the store
     model = mlflow.pyfunc.load_model("models:/gpt-registry@champion")
     assert len(model.predict(["def "], params={"max_new_tokens": 3})) == 1
+
+
+def test_gptpipe_generate_takes_a_model_uri_beside_a_checkpoint_directory(
+    trained, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from flows.cli import main
+
+    session, callback, run = trained
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)
+    greedy = ["--prompt", "def load(", "--max-new-tokens", "5", "--temperature", "0", "--json"]
+    assert main(["generate", "--model", f"models:/{callback.models['final']}", *greedy]) == 0
+    from_model = json.loads(capsys.readouterr().out)
+    assert main(["generate", "--checkpoint-directory", str(run), "--checkpoint", "final", *greedy]) == 0
+    assert from_model["completion"] == json.loads(capsys.readouterr().out)["completion"]
+
+    assert main(["generate", "--model", "models:/gpt-registry@nobody", *greedy]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: --model models:/gpt-registry@nobody: cannot be loaded from sqlite:///")
+    assert len(error.splitlines()) == 1
+    too_long = ["generate", "--model", f"models:/{callback.models['final']}", "--prompt", "x"]
+    assert main([*too_long, "--max-new-tokens", "5000"]) != 0
+    assert "max_new_tokens 5000: allowed from 1 to 1024" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x"]) == 2
+    assert "give --checkpoint-directory DIR or --model URI" in capsys.readouterr().err

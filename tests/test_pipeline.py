@@ -67,7 +67,7 @@ smoke: {{max_steps: 6, log_every: 2, eval_every: 6, validation_examples: 8,
         optimizer: {{learning_rate: 3.0e-3, warmup_steps: 1}}}}
 full: {{max_steps: {full_steps}, log_every: 2, eval_every: 50, checkpoint_every: {checkpoint_every},
        validation_examples: 8, optimizer: {{learning_rate: 3.0e-3, warmup_steps: 1}}}}
-tracking: {{experiment: test-pipeline}}
+tracking: {{experiment: test-pipeline, artifact_root: "{root / "mlartifacts"}"}}
 paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"}}
 """
     path = root / "params.yaml"

@@ -130,14 +130,19 @@ def test_the_old_file_store_is_refused_with_what_to_use(tmp_path: Path) -> None:
 
 
 def test_opening_a_store_again_in_one_process_finds_the_same_experiment_quickly(tmp_path: Path) -> None:
-    config = TrackingConfig(uri=fresh_store(tmp_path), experiment="again", system_metrics=False)
+    config = TrackingConfig(
+        uri=fresh_store(tmp_path),
+        artifact_root=str(tmp_path / "art"),
+        experiment="again",
+        system_metrics=False,
+    )
     first = TrackingSession.open(config)  # what `gptpipe run` does while Prefect's server starts
     started = time.perf_counter()
     second = TrackingSession.open(config)  # the flow's own open: MLflow kept the store
     assert time.perf_counter() - started < 2.0  # a new connection migrates and checks: seconds
     assert second is not first and second.experiment_id == first.experiment_id
     assert second.system_metrics is False
-    another = TrackingSession.open(TrackingConfig(uri=config.uri, experiment="another"))
+    another = TrackingSession.open(config.model_copy(update={"experiment": "another"}))
     assert another.experiment_name == "another"
 
 

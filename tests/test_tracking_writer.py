@@ -19,7 +19,8 @@ from tasks.tracking.writer import PARAM_VALUE_LIMIT
 @pytest.fixture
 def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TrackingSession:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return TrackingSession.open(TrackingConfig(uri=fresh_store(tmp_path), experiment="w"))
+    art = str(tmp_path / "art")
+    return TrackingSession.open(TrackingConfig(uri=fresh_store(tmp_path), artifact_root=art, experiment="w"))
 
 
 class CountingClient:
