@@ -43,6 +43,7 @@ def _register_commands() -> None:
     if app.registered_commands:
         return
     from flows.cli_pipeline import run
+    from flows.cli_serve import serve_command
     from flows.cli_tracking import compare_command, ui_command
     from flows.cli_train import device_command, generate_command, train_command
 
@@ -51,6 +52,7 @@ def _register_commands() -> None:
         ("device", device_command),
         ("train", train_command),
         ("generate", generate_command),
+        ("serve", serve_command),
         ("ui", ui_command),
         ("compare", compare_command),
     ):

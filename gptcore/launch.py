@@ -6,7 +6,7 @@ exits with the exit code of the first rank that failed (torchrun exits 1 whateve
 killed by a signal gives 128 + the signal, as shells do), and it stops its ranks when the process that
 launched it dies.
 
-`run_training_subprocess` runs such a command, hands each output line to `on_line` as it comes, returns
+`run_process_tree` runs such a command, hands each output line to `on_line` as it comes, returns
 the exit code, and on cancellation (an event, SIGTERM, Ctrl-C, an error in `on_line`) stops torchrun and
 every rank: torchrun starts each rank in a session of its own, so killing torchrun's process group alone
 would leave ranks behind.
@@ -197,7 +197,7 @@ def _sigterm_unwinds() -> Iterator[list[bool]]:
             signal.raise_signal(signal.SIGTERM)
 
 
-def run_training_subprocess(
+def run_process_tree(
     command: Sequence[str],
     on_line: Callable[[str], None],
     env: dict[str, str] | None = None,

@@ -129,13 +129,13 @@ def launch_job(
     import tempfile
 
     from gptcore.json_lines import JsonLinesReplay
-    from gptcore.launch import launch_environment, run_training_subprocess, torchrun_command
+    from gptcore.launch import launch_environment, run_process_tree, torchrun_command
 
     events = CallbackList(callbacks)
     replay = JsonLinesReplay(events, on_text=on_text)
     with tempfile.TemporaryDirectory(prefix="gptpipe-job-") as folder:
         command = torchrun_command(spec, [str(save_job(job, Path(folder)))])
-        code = run_training_subprocess(command, replay, env=launch_environment(spec))
+        code = run_process_tree(command, replay, env=launch_environment(spec))
     if code != 0 and replay.failure is None:
         replay.failure = f"training on several processes failed with exit code {code}"
         events.on_failure(replay.failure)

@@ -40,20 +40,27 @@ def evaluated_checkpoint(params: PipelineParams, full: FullResult) -> Path:
     raise CheckpointError(f"{directory}: no {params.evaluate.checkpoint} or final checkpoint to evaluate")
 
 
-def evaluate_fingerprint(params: PipelineParams, tokens: TokensResult, checkpoint: Path, device: str) -> str:
+def checkpoint_digest(full: FullResult, checkpoint: Path) -> str:
+    """The checkpoint's sha256 as the full stage recorded it (checked unchanged when it was taken from
+    the cache), else computed."""
+    from gptcore.fingerprint import sha256_file
+
+    return full.files.get(str(checkpoint)) or sha256_file(checkpoint)
+
+
+def evaluate_fingerprint(params: PipelineParams, tokens: TokensResult, digest: str, device: str) -> str:
     import gptcore.batches
     import gptcore.evaluation
     import gptcore.generate
     import gptcore.held_out
     import gptcore.model
-    from gptcore.fingerprint import sha256_file
 
     code = code_version_of(
         gptcore.held_out, gptcore.generate, gptcore.evaluation, gptcore.model, gptcore.batches
     )
     return fingerprint(
         "evaluate",
-        sha256_file(checkpoint),
+        digest,
         tokens.files.get(tokens.test),
         tokens.files.get(tokens.train),  # the unigram baseline's counts
         params.evaluate.model_dump(),

@@ -117,12 +117,13 @@ def evaluate(
     tracking: PipelineRecorder,
 ) -> StageOutcome:
     checkpoint = evaluate_stage.evaluated_checkpoint(params, full.result)
+    digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
     where = device.result.runtime["device"]
     outcome = run_cached(
         "evaluate",
         evaluate_stage.evaluate_task,
         EvaluateResult,
-        fingerprint=evaluate_stage.evaluate_fingerprint(params, tokens.result, checkpoint, where),
+        fingerprint=evaluate_stage.evaluate_fingerprint(params, tokens.result, digest, where),
         params=params,
         tokens=tokens.result,
         checkpoint=str(checkpoint),
@@ -130,7 +131,7 @@ def evaluate(
     )
     bits = outcome.figures.get("test_bits_per_byte")
     if bits is not None:
-        registration = tracking.register_evaluated(registered_name(params), checkpoint, bits)
+        registration = tracking.register_evaluated(registered_name(params), checkpoint, digest, bits)
         if registration is not None:
             figures = {**outcome.figures, **registration.figures()}
             outcome.result = outcome.result.model_copy(update={"figures": figures})

@@ -26,7 +26,7 @@ from gptcore.launch import (
     LaunchSpec,
     exit_code_of,
     resolve_nproc,
-    run_training_subprocess,
+    run_process_tree,
     torchrun_command,
 )
 
@@ -243,14 +243,14 @@ def test_cancelling_a_launched_run_stops_the_whole_process_tree():
             cancel.set()
 
     with pytest.raises(LaunchCancelled):
-        run_training_subprocess([sys.executable, "-c", TREE], on_line, cancel=cancel, grace_seconds=5)
+        run_process_tree([sys.executable, "-c", TREE], on_line, cancel=cancel, grace_seconds=5)
     assert children, "the tree never started"
     assert not psutil.pid_exists(children[0]) or psutil.Process(children[0]).status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_launched_runs_exit_code_and_lines_come_back():
     lines: list[str] = []
-    code = run_training_subprocess(
+    code = run_process_tree(
         [sys.executable, "-c", "print('a'); print('b'); raise SystemExit(3)"], lines.append
     )
     assert (code, lines) == (3, ["a", "b"])

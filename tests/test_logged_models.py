@@ -146,3 +146,66 @@ def test_gptpipe_generate_takes_a_model_uri_beside_a_checkpoint_directory(
     assert "max_new_tokens 5000: allowed from 1 to 1024" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x"]) == 2
     assert "give --checkpoint-directory DIR or --model URI" in capsys.readouterr().err
+
+
+def test_gptpipe_serve_answers_completions_and_bad_requests_and_stops_with_its_tree(trained) -> None:
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    import psutil
+
+    session, callback, _ = trained
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": session.target.uri}
+    command = "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"
+    model = f"models:/{callback.models['final']}"
+    server = subprocess.Popen(
+        [sys.executable, "-c", command, "serve", "--model", model, "--port", str(port)],
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def post(body: bytes) -> tuple[int, dict]:
+        request = urllib.request.Request(f"{url}/invocations", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
+
+    try:
+        assert server.stdout.readline().startswith(f"serving {model} at {url}/invocations")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        good = json.dumps({"inputs": ["def main("], "params": {"max_new_tokens": 4, "temperature": 0}})
+        status, answer = post(good.encode())
+        assert status == 200 and len(answer["predictions"]) == 1
+        status, answer = post(json.dumps({"inputs": ["x"], "params": {"max_new_tokens": 5000}}).encode())
+        assert status == 400 and "max_new_tokens 5000: allowed from 1 to 1024" in answer["message"]
+        assert "Traceback" not in json.dumps(answer)
+        status, _ = post(b"{not json")
+        assert 400 <= status < 500
+        tree = psutil.Process(server.pid).children(recursive=True)
+        assert tree  # the server runs in processes of its own
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

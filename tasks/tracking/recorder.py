@@ -125,7 +125,7 @@ class PipelineRecorder:
             "run_id": callback.run_id if callback is not None else None,
         }
 
-    def register_evaluated(self, name: str, checkpoint: Path, test_bits_per_byte: float) -> Any:
+    def register_evaluated(self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float) -> Any:
         """The evaluated checkpoint registered as a version of `name`, champion or challenger
         (`tasks.tracking.registry`); None when the store did not answer."""
         from tasks.tracking.registry import register
@@ -135,7 +135,7 @@ class PipelineRecorder:
             return None
         client, experiment = self.session.client, self.session.experiment_id
         return self.writer.ask(
-            "register", register, client, experiment, run_id, name, checkpoint, test_bits_per_byte
+            "register", register, client, experiment, run_id, name, checkpoint, test_bits_per_byte, digest
         )
 
     def producing_run(self, stage: str, fingerprint: str, exclude: str) -> str | None:

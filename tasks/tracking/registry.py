@@ -55,13 +55,20 @@ def evaluated_model(client: Any, experiment_id: str, run_id: str, checkpoint: Pa
 
 
 def register(
-    client: Any, experiment_id: str, run_id: str, name: str, checkpoint: Path, test_bits_per_byte: float
+    client: Any,
+    experiment_id: str,
+    run_id: str,
+    name: str,
+    checkpoint: Path,
+    test_bits_per_byte: float,
+    digest: str | None = None,
 ) -> Registration:
+    """Register `checkpoint` (its sha256 `digest`, computed when not given) as a version of `name`."""
     from mlflow.exceptions import MlflowException
 
     from gptcore.fingerprint import sha256_file
 
-    digest = sha256_file(checkpoint)
+    digest = digest or sha256_file(checkpoint)
     model = evaluated_model(client, experiment_id, run_id, checkpoint, digest)
     try:
         client.get_registered_model(name)
