@@ -209,3 +209,39 @@ def test_gptpipe_serve_answers_completions_and_bad_requests_and_stops_with_its_t
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_gptpipe_export_writes_a_hugging_face_folder_from_a_checkpoint_or_a_logged_model(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from safetensors.torch import load_file
+
+    from flows.cli import main
+
+    session, callback, run = trained
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)
+    from_run = ["export", "--checkpoint-directory", str(run), "--checkpoint", "final"]
+    assert main([*from_run, "--output", str(tmp_path / "a")]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == "hf"
+    model = f"models:/{callback.models['final']}"
+    assert main(["export", "--model", model, "--output", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    names = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert names <= {child.name for child in (tmp_path / "a").iterdir()}
+    first, second = (
+        load_file(tmp_path / "a" / "model.safetensors"),
+        load_file(tmp_path / "b" / "model.safetensors"),
+    )
+    assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)  # the same model
+
+    assert main([*from_run, "--output", str(tmp_path / "a")]) == 2  # not empty: refused, kept
+    assert "exists and is not empty; choose another folder or add --force" in capsys.readouterr().err
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint")
+    assert main(["export", "--checkpoint-file", str(broken), "--output", str(tmp_path / "c")]) != 0
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and len(error.splitlines()) == 1 and not (tmp_path / "c").exists()
+    assert main(["export", "--model", model, *from_run[1:], "--output", str(tmp_path / "d")]) == 2
+    assert "give one of --checkpoint-directory, --checkpoint-file or --model" in capsys.readouterr().err

@@ -7,6 +7,7 @@ model folder, a `file://` URI) is loaded as it is.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gptcore.errors import GptpipeError
@@ -48,3 +49,32 @@ def load_model_uri(uri: str, config: Any = None) -> Any:
         raise ModelNotFound(
             f"--model {uri}: cannot be loaded from {redact(target.uri)} ({reason[:300]}); expected {EXPECTED}"
         ) from None
+
+
+def model_files_of(uri: str, config: Any = None) -> Any:
+    """The files (`gptcore.model_files.ModelFiles`) of the logged model `uri` names, downloaded."""
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    from gptcore.model_files import CONFIG, TOKENIZER, WEIGHTS, ModelFiles
+
+    target = resolve_target(config)
+    client = connect(target)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_location(client, uri)))
+    except (MlflowException, OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelNotFound(
+            f"--model {uri}: cannot be loaded from {redact(target.uri)} ({reason[:300]}); expected {EXPECTED}"
+        ) from None
+    files = ModelFiles(
+        local / "artifacts" / WEIGHTS, local / "artifacts" / CONFIG, local / "artifacts" / TOKENIZER
+    )
+    missing = [
+        str(path.name) for path in (files.weights, files.config, files.tokenizer) if not path.is_file()
+    ]
+    if missing:
+        raise ModelNotFound(
+            f"--model {uri}: not a gptpipe model (no {', '.join(missing)} among its artifacts)"
+        )
+    return files

@@ -1,4 +1,5 @@
-"""`gptpipe serve`: a logged model behind MLflow's own model server, on loopback unless asked otherwise."""
+"""Using a trained model: `gptpipe serve` (a logged model behind MLflow's own model server, on loopback
+unless asked otherwise) and `gptpipe export` (a Hugging Face folder)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,46 @@ def serve_command(
         return
     if code not in (0, -2, -15, 130, 143):
         raise GptpipeError(f"the model server exited with status {code} (is port {port} in use? try --port)")
+
+
+def export_command(
+    output: Path = typer.Option(..., "--output", help="the folder to write (refused when not empty)"),
+    format_: str = typer.Option("hf", "--format", help="hf: a Hugging Face GPT-2 folder"),
+    checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory"),
+    checkpoint: str = typer.Option(
+        "best", "--checkpoint", help="with --checkpoint-directory: best, final, latest"
+    ),
+    checkpoint_file: Path | None = typer.Option(None, "--checkpoint-file", help="a checkpoint .pt file"),
+    model: str | None = typer.Option(None, "--model", help="an MLflow model URI: models:/NAME@ALIAS, ..."),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="default: the one the checkpoint names"),
+    params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+    force: bool = typer.Option(False, "--force", help="replace a folder that is not empty"),
+) -> None:
+    """Export a trained model as a Hugging Face GPT-2 folder (`transformers` loads it offline)."""
+    import json
+
+    from flows.cli_options import choice
+    from gptcore.errors import ConfigError
+    from gptcore.hf_export import export_hf
+
+    choice("--format", format_, ("hf",))
+    sources = [source for source in (checkpoint_directory, checkpoint_file, model) if source is not None]
+    if len(sources) != 1:
+        raise ConfigError("gptpipe export: give one of --checkpoint-directory, --checkpoint-file or --model")
+    if model is not None:
+        from gptcore.model_files import read_model_files
+        from tasks.tracking.model_uri import model_files_of
+
+        _, params = resolve_params(params_file, iteration, [])
+        files = model_files_of(model, params.tracking)
+        trained, tokenizer_path = read_model_files(files.weights, files.config), tokenizer or files.tokenizer
+    else:
+        from gptcore.generate import choose_checkpoint, load_model
+        from gptcore.model_files import checkpoint_tokenizer
+
+        path = checkpoint_file or choose_checkpoint(checkpoint_directory, checkpoint)
+        trained, record = load_model(path)
+        tokenizer_path = tokenizer or checkpoint_tokenizer(record)
+    folder = export_hf(trained, Path(tokenizer_path), output, force=force)
+    print(json.dumps({"format": format_, "output": str(folder.resolve()), "source": str(sources[0])}))

@@ -1,0 +1,100 @@
+"""The Hugging Face export, proven with `transformers` itself, offline: logits, tokenizer ids, greedy text."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptcore.config import (
+    CorpusConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RuntimeConfig,
+    TokenizerConfig,
+    TrainingConfig,
+)
+from gptcore.corpus import load_corpus
+from gptcore.errors import ConfigError
+from gptcore.generate import Completer, load_model
+from gptcore.hf_export import export_hf
+from gptcore.token_build import build_token_files
+from gptcore.tokenizer_training import train_tokenizer
+from gptcore.trainer import TrainJob, train
+
+transformers = pytest.importorskip("transformers")  # the `hf` extra, which `make test` installs
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def trained_model(folder: Path, bias: bool) -> tuple[Path, Path, Path, list[str]]:
+    """A short training on real text: (checkpoint, tokenizer, test tokens, test documents)."""
+    paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
+    corpus = load_corpus(
+        CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
+    )
+    tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)
+    tokens = build_token_files(corpus, tokenizer, folder)
+    train(
+        TrainJob(
+            model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=400, bias=bias),
+            runtime=RuntimeConfig(device="cpu", precision="fp32", batch_size=4),
+            training=TrainingConfig(
+                max_steps=20, log_every=10, eval_every=20, optimizer=OptimizerConfig(warmup_steps=2)
+            ),
+            train_tokens=Path(tokens.train.path),
+            validation_tokens=Path(tokens.validation.path),
+            checkpoint_directory=folder / "run",
+            tokenizer=Path(tokenizer.path),
+        )
+    )
+    return (
+        folder / "run" / "final.pt",
+        Path(tokenizer.path),
+        Path(tokens.test.path),
+        list(corpus.test["text"]),
+    )
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_transformers_loads_the_export_offline_and_computes_what_we_compute(
+    tmp_path: Path, bias: bool
+) -> None:
+    checkpoint, tokenizer_path, test_tokens, documents = trained_model(tmp_path, bias)
+    model, _ = load_model(checkpoint)
+    folder = export_hf(model, tokenizer_path, tmp_path / "hf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    their_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+    stream = np.fromfile(test_tokens, dtype="<u2")[: 4 * 32].astype(np.int64).reshape(4, 32)
+    windows = torch.from_numpy(stream)
+    with torch.no_grad():
+        ours, _ = model(windows, windows)  # targets given: the logits of every position
+        logits = theirs(windows).logits
+    assert (ours - logits).abs().max().item() < 1e-4
+
+    ours_tokenizer = Completer.from_paths(model, tokenizer_path).tokenizer
+    for text in documents[:3]:
+        assert their_tokenizer(text)["input_ids"] == ours_tokenizer.encode(text).ids
+
+    prompt = "def load("
+    completer = Completer.from_paths(model, tokenizer_path)
+    expected = completer.complete_ids([prompt], 12, 0.0, None, 0)[0]
+    ids = torch.tensor([ours_tokenizer.encode(prompt).ids])
+    generated = theirs.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert generated[0, ids.shape[1] :].tolist() == expected
+
+
+def test_an_export_never_overwrites_a_folder_that_holds_something(tmp_path: Path) -> None:
+    checkpoint, tokenizer_path, _, _ = trained_model(tmp_path, bias=True)
+    model, _ = load_model(checkpoint)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"--output .*busy: exists and is not empty; .* --force"):
+        export_hf(model, tokenizer_path, tmp_path / "busy")
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+    export_hf(model, tokenizer_path, tmp_path / "busy", force=True)
+    assert (tmp_path / "busy" / "config.json").is_file() and not (tmp_path / "busy" / "notes.txt").exists()
