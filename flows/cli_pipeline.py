@@ -16,7 +16,8 @@ def run(
     overrides: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value"),
     until: str = typer.Option(STAGES[-1], "--until", help=f"last stage to run: {', '.join(STAGES)}"),
 ) -> None:
-    """Run tokenizer → tokens → device → smoke → full → evaluate, taking unchanged stages from the cache."""
+    """Run tokenizer → tokens → device → smoke → full → evaluate → export, taking unchanged stages from
+    the cache."""
     choice("--until", until, STAGES)
     params_path, checked = resolve_params(params, iteration, overrides)  # checked before anything starts
 

@@ -1,5 +1,5 @@
 """The end-to-end flow: tokenizer → token files → device check → smoke training → full training →
-held-out evaluation.
+held-out evaluation → exports.
 
 Each stage is a cached Prefect task in `tasks/`; this flow only composes them, records each stage's
 state, and publishes the run's summary (a markdown artifact and one final JSON line on stdout).
@@ -24,7 +24,7 @@ DEFAULT_PARAMS = "params/iteration_1.yaml"
 
 @flow(name="end-to-end", log_prints=False, validate_parameters=True)
 def end_to_end(
-    params_path: str = DEFAULT_PARAMS, overrides: list[str] | None = None, until: str = "evaluate"
+    params_path: str = DEFAULT_PARAMS, overrides: list[str] | None = None, until: str = "export"
 ) -> dict:
     """Corpus to trained checkpoint for one parameter file, redoing only what changed."""
     hide_user_error_tracebacks()
@@ -39,7 +39,8 @@ def end_to_end(
         device = report.stage("device", lambda: stages.device(params, tracking))
         smoke = report.stage("smoke", lambda: stages.smoke(params, tokens, device, tracking))
         full = report.stage("full", lambda: stages.full(params, tokens, device, smoke, tracking))
-        report.stage("evaluate", lambda: stages.evaluate(params, tokens, device, full, tracking))
+        evaluate = report.stage("evaluate", lambda: stages.evaluate(params, tokens, device, full, tracking))
+        report.stage("export", lambda: stages.export(params, tokens, full, evaluate, tracking))
     finally:
         report.finish()
         for outcome in report.outcomes.values():

@@ -22,7 +22,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 ConcretePrecision = Literal["fp32", "bf16", "fp16"]
 TrainingStage = Literal["smoke", "full"]
-STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate")
+STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export")
 
 
 class Strict(BaseModel):
@@ -200,6 +200,12 @@ class EvaluateConfig(Strict):
     )
 
 
+class ExportConfig(Strict):
+    """Exports of the evaluated checkpoint after the evaluate stage."""
+
+    hf: bool = Field(default=False, description="a Hugging Face GPT-2 folder (gptcore.hf_export)")
+
+
 class PathsConfig(Strict):
     data_root: str = "data"
     checkpoint_root: str = "checkpoints"
@@ -216,6 +222,7 @@ class PipelineParams(Strict):
     smoke: SmokeConfig = SmokeConfig()
     full: FullTrainingConfig = FullTrainingConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
     paths: PathsConfig = PathsConfig()
 

@@ -11,10 +11,17 @@ import time
 from pathlib import Path
 
 from gptcore.config import PipelineParams
-from tasks import data_stages, evaluate_stage, training_stages
+from tasks import data_stages, evaluate_stage, export_stage, training_stages
 from tasks.caching import StageOutcome, run_cached
 from tasks.device_stage import device_task
-from tasks.stage_results import EvaluateResult, FullResult, SmokeResult, TokenizerResult, TokensResult
+from tasks.stage_results import (
+    EvaluateResult,
+    ExportResult,
+    FullResult,
+    SmokeResult,
+    TokenizerResult,
+    TokensResult,
+)
 from tasks.tracking import PipelineRecorder
 from tasks.tracking.registry import registered_name
 
@@ -135,5 +142,31 @@ def evaluate(
         if registration is not None:
             figures = {**outcome.figures, **registration.figures()}
             outcome.result = outcome.result.model_copy(update={"figures": figures})
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def export(
+    params: PipelineParams,
+    tokens: StageOutcome,
+    full: StageOutcome,
+    evaluate: StageOutcome,
+    tracking: PipelineRecorder,
+) -> StageOutcome:
+    if not params.export.hf:
+        outcome = StageOutcome("export", "skipped", message="export.hf is off in the parameter file")
+        tracking.record_stage(outcome)
+        return outcome
+    checkpoint = Path(evaluate.result.checkpoint)
+    digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
+    outcome = run_cached(
+        "export",
+        export_stage.export_task,
+        ExportResult,
+        fingerprint=export_stage.export_fingerprint(digest),
+        params=params,
+        tokens=tokens.result,
+        checkpoint=str(checkpoint),
+    )
     tracking.record_stage(outcome)
     return outcome

@@ -75,3 +75,8 @@ class FullResult(StageResult):
 class EvaluateResult(StageResult):
     checkpoint: str  # the checkpoint evaluated
     evaluation: dict[str, Any]  # gptcore.held_out.HeldOutRecord.to_dict(): figures and samples
+
+
+class ExportResult(StageResult):
+    folder: str  # the Hugging Face folder
+    checkpoint: str  # the checkpoint exported

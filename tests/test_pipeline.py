@@ -67,6 +67,7 @@ smoke: {{max_steps: 6, log_every: 2, eval_every: 6, validation_examples: 8,
         optimizer: {{learning_rate: 3.0e-3, warmup_steps: 1}}}}
 full: {{max_steps: {full_steps}, log_every: 2, eval_every: 50, checkpoint_every: {checkpoint_every},
        validation_examples: 8, optimizer: {{learning_rate: 3.0e-3, warmup_steps: 1}}}}
+export: {{hf: true}}
 tracking: {{experiment: test-pipeline, artifact_root: "{root / "mlartifacts"}"}}
 paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"}}
 """
@@ -174,6 +175,8 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     }
     assert datasets_of(prefect_env, "evaluate") == {("tokens-test", "test")}
     assert (figures["registered_model"], figures["alias"]) == ("gptpipe-iteration-1", "champion")
+    exported = Path(stages_of(first)["export"]["outputs"][0])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in exported.iterdir()}
 
     again = gptpipe(prefect_env, "--params", params)
     assert states(again) == {**dict.fromkeys(STAGES, "cached"), "device": "completed"}
@@ -208,6 +211,7 @@ def test_until_stops_after_the_named_stage(tmp_path: Path, prefect_env: dict[str
         "smoke": "skipped",
         "full": "skipped",
         "evaluate": "skipped",
+        "export": "skipped",
     }
 
 
