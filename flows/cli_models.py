@@ -29,17 +29,10 @@ def serve_command(
     {"inputs": ["def main("], "params": {"max_new_tokens": 40}} answers {"predictions": [...]}.
     Ctrl-C or SIGTERM stops the server and every process it started."""
     from gptcore.launch import run_process_tree
-    from tasks.tracking.model_uri import ModelNotFound, artifact_location
-    from tasks.tracking.store import connect, redact, resolve_target
+    from tasks.tracking.model_uri import locate
 
     _, params = resolve_params(params_file, iteration, [])
-    target = resolve_target(params.tracking)
-    client = connect(target)  # an unreachable store stops here, before any server starts
-    try:
-        location = artifact_location(client, model)
-    except Exception as error:  # MLflow names a missing model, alias or version in many kinds
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelNotFound(f"--model {model}: not in {redact(target.uri)} ({reason[:300]})") from None
+    location, target = locate(model, params.tracking)  # a store or model that is not there stops here
     if not is_loopback(host):
         print(
             f"warning: --host {host}: the model server will be reachable from other machines", file=sys.stderr

@@ -26,6 +26,7 @@ import torch
 from gptcore.errors import ConfigError, DataError
 from gptcore.model import GPT
 from gptcore.staging import publish_directory, staging_directory
+from gptcore.tokenfile import check_tokenizer
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
@@ -93,15 +94,7 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not force:
         raise ConfigError(f"--output {output}: exists and is not empty; choose another folder or add --force")
-    from tokenizers import Tokenizer
-
-    try:
-        vocabulary = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size()
-    except Exception:  # the Rust loader raises a bare Exception for any malformed file
-        raise DataError(f"{tokenizer_path}: not a loadable tokenizer.json") from None
-    if vocabulary > model.config.vocab_size:
-        size = model.config.vocab_size
-        raise DataError(f"{tokenizer_path}: tokenizer vocabulary {vocabulary} exceeds the model's {size}")
+    check_tokenizer(tokenizer_path, model.config.vocab_size)  # loadable, and fits the model
     eot_id, eot = end_of_text_of(tokenizer_path)
     with staging_directory(output) as folder:
         save_file(gpt2_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})

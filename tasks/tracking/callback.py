@@ -140,7 +140,7 @@ class MLflowCallback(TrainingCallback):
             )
             self._monitor.start()
         except Exception as error:  # psutil missing or the like: training goes on without
-            self.writer.report.last_error = f"system metrics: {error}"
+            self.writer.note(f"system metrics: {error}")
             self._monitor = None
 
     # --- TrainingCallback --------------------------------------------------------------------------
@@ -214,7 +214,7 @@ class MLflowCallback(TrainingCallback):
                     self.client, self.experiment_id, self.run_id, path, kind, {"stage": self.run_name}
                 )
             except (GptpipeError, OSError, KeyError) as error:  # the checkpoint, not the store
-                self.writer.report.last_error = f"logged model {kind}: {str(error).splitlines()[0]}"
+                self.writer.note(f"logged model {kind}: {str(error).splitlines()[0]}")
                 return None
 
         model_id = self.writer.ask("log_model", log)

@@ -35,20 +35,34 @@ def artifact_location(client: Any, uri: str) -> str:
     return client.get_logged_model(name).artifact_location
 
 
+def _not_found(uri: str, target: Any, error: BaseException) -> ModelNotFound:
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ModelNotFound(
+        f"--model {uri}: cannot be loaded from {redact(target.uri)} ({reason[:300]}); expected {EXPECTED}"
+    )
+
+
+def locate(uri: str, config: Any = None) -> tuple[str, Any]:
+    """The artifact location `uri` names in the store, and the store's target; an unreachable store is a
+    TrackingError, a model, alias or version that is not there a one-line ModelNotFound."""
+    target = resolve_target(config)
+    client = connect(target)
+    try:
+        return artifact_location(client, uri), target
+    except Exception as error:  # MLflow names a missing model, alias or version in many kinds
+        raise _not_found(uri, target, error) from None
+
+
 def load_model_uri(uri: str, config: Any = None) -> Any:
     """The pyfunc model at `uri`; a one-line ModelNotFound naming the URI when it cannot be loaded."""
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
 
-    target = resolve_target(config)
-    client = connect(target)  # an unreachable store is a TrackingError, not a missing model
+    location, target = locate(uri, config)
     try:
-        return mlflow.pyfunc.load_model(artifact_location(client, uri))
+        return mlflow.pyfunc.load_model(location)
     except (MlflowException, OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelNotFound(
-            f"--model {uri}: cannot be loaded from {redact(target.uri)} ({reason[:300]}); expected {EXPECTED}"
-        ) from None
+        raise _not_found(uri, target, error) from None
 
 
 def model_files_of(uri: str, config: Any = None) -> Any:
@@ -58,21 +72,13 @@ def model_files_of(uri: str, config: Any = None) -> Any:
 
     from gptcore.model_files import CONFIG, TOKENIZER, WEIGHTS, ModelFiles
 
-    target = resolve_target(config)
-    client = connect(target)
+    location, target = locate(uri, config)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_location(client, uri)))
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=location)) / "artifacts"
     except (MlflowException, OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelNotFound(
-            f"--model {uri}: cannot be loaded from {redact(target.uri)} ({reason[:300]}); expected {EXPECTED}"
-        ) from None
-    files = ModelFiles(
-        local / "artifacts" / WEIGHTS, local / "artifacts" / CONFIG, local / "artifacts" / TOKENIZER
-    )
-    missing = [
-        str(path.name) for path in (files.weights, files.config, files.tokenizer) if not path.is_file()
-    ]
+        raise _not_found(uri, target, error) from None
+    files = ModelFiles(local / WEIGHTS, local / CONFIG, local / TOKENIZER)
+    missing = [path.name for path in (files.weights, files.config, files.tokenizer) if not path.is_file()]
     if missing:
         raise ModelNotFound(
             f"--model {uri}: not a gptpipe model (no {', '.join(missing)} among its artifacts)"

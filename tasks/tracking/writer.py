@@ -157,6 +157,10 @@ class RunWriter:
         except Exception:  # counted on the writer's thread
             return None
 
+    def note(self, error: str) -> None:
+        """Record a problem found outside the store's calls (it shows in the report's `last_error`)."""
+        self._count(last_error=error)
+
     def flush(self) -> bool:
         """Wait (bounded) until everything queued so far is sent; False when the store is down."""
         return self.ask("flush", lambda: True) is True
