@@ -48,3 +48,56 @@ def three_step_job(checkpoint_directory: Path, metadata: dict) -> object:
         device_defaults=lambda _: DeviceDefaults(batch_size=2),
         metadata=metadata,
     )
+
+
+def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, object, Path]:
+    """A tracked 8-step training on real text (two standard-library packages) with a trained tokenizer,
+    declaring its token files as datasets: its TrackingSession, MLflowCallback and checkpoint folder."""
+    import sysconfig
+
+    from gptcore.config import (
+        CorpusConfig,
+        ModelConfig,
+        OptimizerConfig,
+        RuntimeConfig,
+        TokenizerConfig,
+        TrackingConfig,
+        TrainingConfig,
+    )
+    from gptcore.corpus import load_corpus
+    from gptcore.token_build import build_token_files
+    from gptcore.tokenizer_training import train_tokenizer
+    from gptcore.trainer import TrainJob, train
+    from tasks.tracking import TrackingSession, training_metadata
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    paths = [str(stdlib / "json" / "*.py"), str(stdlib / "email" / "*.py")]
+    corpus = load_corpus(
+        CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
+    )
+    tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)
+    tokens = build_token_files(corpus, tokenizer, folder)
+    store = TrackingConfig(uri=fresh_store(folder), artifact_root=str(folder / "art"), experiment=experiment)
+    session = TrackingSession.open(store)
+    datasets = {"train": tokens.train.path, "validation": tokens.validation.path}
+    callback = session.training_callback("train", system_metrics=False, flush_seconds=0.05, datasets=datasets)
+    train(
+        TrainJob(
+            model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=400),
+            runtime=RuntimeConfig(device="cpu", precision="fp32", batch_size=4),
+            training=TrainingConfig(
+                max_steps=8,
+                log_every=4,
+                eval_every=4,
+                checkpoint_every=4,
+                optimizer=OptimizerConfig(warmup_steps=1),
+            ),
+            train_tokens=Path(tokens.train.path),
+            validation_tokens=Path(tokens.validation.path),
+            checkpoint_directory=folder / "run",
+            tokenizer=Path(tokenizer.path),
+            metadata=training_metadata([callback]),
+        ),
+        callback,
+    )
+    return session, callback, folder / "run"

@@ -5,38 +5,64 @@ the model and runs it to load one (`mlflow.models.set_model` at the end), so not
 `top_k` and `seed` (see the logged signature for their defaults). The artifacts are the weights
 (`model.safetensors`), the model config and `tokenizer.json`; the `gptcore` package travels with the model
 (`code_paths`), so it loads wherever MLflow and torch are installed. A bad prompt list or param value is an
-`INVALID_PARAMETER_VALUE` error with one sentence, which MLflow's server answers with a 400.
+`INVALID_PARAMETER_VALUE` error with one sentence, which MLflow's server answers with a 400 (the server
+would prefix "Failed to predict data '<the whole input>'" to its message: `BadRequest` keeps the sentence).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import mlflow
+from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import PythonModel
+
+
+class BadRequest(MlflowException):
+    """A request this model refuses: its message stays the one sentence it was given."""
+
+    def __init__(self, sentence: str) -> None:
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        self._sentence = sentence
+        super().__init__(sentence, error_code=INVALID_PARAMETER_VALUE)
+
+    @property
+    def message(self) -> str:
+        return self._sentence
+
+    @message.setter
+    def message(self, _: str) -> None:
+        pass  # the scoring server rewrites it to echo the whole request back; the sentence says enough
+
+
+def _load(artifacts: dict[str, str]) -> Any:
+    from gptcore.generate import Completer
+    from gptcore.model_files import read_model_files
+
+    model = read_model_files(artifacts["weights"], artifacts["config"])
+    return Completer.from_paths(model, artifacts["tokenizer"])
 
 
 class GptModel(PythonModel):
     def load_context(self, context: Any) -> None:
-        from gptcore.generate import Completer
-        from gptcore.model_files import read_model_files
-
-        artifacts = context.artifacts
-        model = read_model_files(artifacts["weights"], artifacts["config"])
-        self.completer = Completer.from_paths(model, artifacts["tokenizer"])
+        # Every torch call of this model runs on one thread of its own. MLflow's server loads the model on
+        # its main thread and predicts on a pool thread; two threads with OpenMP teams on few cores slow
+        # each other down for good (2.5x per request on 2 cores, bench/serve_latency.py).
+        self.torch_thread = ThreadPoolExecutor(1, thread_name_prefix="gptpipe-model")
+        self.completer = self.torch_thread.submit(_load, context.artifacts).result()
 
     def predict(self, context: Any, model_input: list[str], params: dict | None = None) -> list[str]:
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
         from gptcore.errors import GptpipeError
         from gptcore.generate import DEFAULT_COMPLETION
 
         settings = {**DEFAULT_COMPLETION, **(params or {})}
+        chosen = {key: settings[key] for key in DEFAULT_COMPLETION}
         try:
-            return self.completer.complete(model_input, **{k: settings[k] for k in DEFAULT_COMPLETION})
+            return self.torch_thread.submit(self.completer.complete, model_input, **chosen).result()
         except GptpipeError as error:
-            raise MlflowException(str(error), error_code=INVALID_PARAMETER_VALUE) from None
+            raise BadRequest(str(error)) from None
 
 
 mlflow.models.set_model(GptModel())

@@ -76,17 +76,20 @@ def register(
         client.create_registered_model(
             name, description="gptpipe models; @champion has the best test bits per byte"
         )
-    version = _version_of(client, name, digest) or client.create_model_version(
-        name,
-        source=model.artifact_location,
-        run_id=model.source_run_id,
-        model_id=model.model_id,
-        tags={
-            "checkpoint_sha256": digest,
-            "model_id": model.model_id,
-            "test_bits_per_byte": str(test_bits_per_byte),
-        },
-    )
+    version = _version_of(client, name, digest)
+    if version is None:
+        version = client.create_model_version(
+            name,
+            source=model.artifact_location,
+            run_id=model.source_run_id,
+            model_id=model.model_id,
+            tags={
+                "checkpoint_sha256": digest,
+                "model_id": model.model_id,
+                "test_bits_per_byte": str(test_bits_per_byte),
+            },
+        )
+        _link_version(client, model, name, str(version.version))
     champion = _champion(client, name)
     best = float(champion.tags["test_bits_per_byte"]) if champion is not None else None
     wins = champion is None or str(champion.version) == str(version.version) or test_bits_per_byte < best
@@ -100,6 +103,18 @@ def register(
     for key, value in decision.items():
         client.set_model_version_tag(name, version.version, key, value)
     return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best)
+
+
+def _link_version(client: Any, model: Any, name: str, version: str) -> None:
+    """Name the version on the logged model (as `mlflow.register_model` does), so the model pages' column
+    *Registered models* shows it."""
+    import json
+
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    known = json.loads(client.get_logged_model(model.model_id).tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+    known.append({"name": name, "version": version})
+    client.set_logged_model_tags(model.model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(known)})
 
 
 def _version_of(client: Any, name: str, digest: str) -> Any:

@@ -105,6 +105,8 @@ def connect(target: TrackingTarget) -> Any:
     """An `MlflowClient` on `target`, proven usable by one read; a clear TrackingError otherwise."""
     from mlflow import MlflowClient
 
+    # A progress bar per artifact read (MLflow's default) buries the pipeline's own log lines.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if target.is_http:
         _probe_http(target.uri)
     if target.database is not None:
