@@ -10,6 +10,7 @@ import torch
 from gptcore import checkpoint as ckpt
 from gptcore.config import ModelConfig
 from gptcore.errors import CheckpointError, ConfigError, DataError
+from gptcore.kv_cache import KVCache
 from gptcore.model import GPT
 
 
@@ -38,6 +39,12 @@ def load_model(path: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any]]:
     return model.to(device).eval(), record
 
 
+# When the cache fills the window, sampling goes on from a new cache of the context's last three quarters:
+# one prefill of 3/4 of the window every quarter window of new tokens (positions are absolute, so a
+# full cache cannot slide by one).
+REFILL_KEEP = 0.75
+
+
 @torch.no_grad()
 def sample(
     model: GPT,
@@ -46,23 +53,44 @@ def sample(
     temperature: float = 0.8,
     top_k: int | None = 50,
     generator: torch.Generator | None = None,
+    kv_cache: bool = True,
 ) -> list[int]:
-    """Continue `ids` by `max_new_tokens` tokens; temperature 0 takes the most likely token."""
+    """Continue `ids` by `max_new_tokens` tokens; temperature 0 takes the most likely token.
+
+    With `kv_cache` (the default) the prompt is run once and each new token costs one position; without
+    it every step runs the whole context again (the reference the cache is tested against). The context
+    the model sees is at most its window (`block_size`): without the cache, the last `block_size` tokens
+    at every step; with it, a new cache of the last `REFILL_KEEP` of the window whenever the cache is
+    full, so past the window the two may choose differently."""
+    window = model.config.block_size
     device = next(model.parameters()).device
     context = torch.tensor([ids], dtype=torch.long, device=device)
+    cache = None
     for _ in range(max_new_tokens):
-        logits, _ = model(context[:, -model.config.block_size :])
-        logits = logits[:, -1, :].float()
-        if temperature <= 0:
-            following = logits.argmax(dim=-1, keepdim=True)
+        if not kv_cache:
+            logits, _ = model(context[:, -window:])
+        elif cache is None or cache.full:
+            keep = window if cache is None else max(1, int(window * REFILL_KEEP))
+            cache = KVCache(model.config.n_layer, window)
+            logits, _ = model(context[:, -keep:], cache=cache)
         else:
-            logits = logits / temperature
-            if top_k:
-                threshold = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                logits = logits.masked_fill(logits < threshold, float("-inf"))
-            following = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+            logits, _ = model(context[:, -1:], cache=cache)
+        following = choose_next(logits[:, -1, :].float(), temperature, top_k, generator)
         context = torch.cat([context, following], dim=1)
     return context[0, len(ids) :].tolist()
+
+
+def choose_next(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """The next token of each row: the most likely at temperature 0, else sampled from the top k."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        threshold = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
 MAX_NEW_TOKENS = 1024  # the most new tokens one request may ask for: the cap a served model states

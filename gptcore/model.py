@@ -15,6 +15,7 @@ from torch import nn
 
 from gptcore.config import ModelConfig
 from gptcore.cross_entropy import cross_entropy
+from gptcore.kv_cache import KVCache, LayerCache, attention_mask
 
 
 class CausalSelfAttention(nn.Module):
@@ -26,13 +27,19 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=2)
         shape = (batch, length, self.n_head, width // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        mask, causal = None, True
+        if cache is not None:
+            cached = cache.owner.length
+            k, v = cache.store(k, v)  # the keys and values of every position so far
+            mask = attention_mask(length, cached, x.device)
+            causal = cached == 0  # a prefill; later queries see the cached keys (through `mask`)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
         )
         y = y.transpose(1, 2).contiguous().view(batch, length, width)
         return self.resid_dropout(self.c_proj(y))
@@ -57,8 +64,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -107,17 +114,23 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.dim() == 2 and p is not wpe)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits for every position with the mean cross-entropy when targets are given; else the
-        logits of the last position only (all generation needs)."""
+        logits of the last position only (all generation needs). With a `cache`, `idx` holds the
+        positions after the cached ones, whose keys and values are stored there too."""
         length = idx.shape[1]
-        if length > self.config.block_size:
+        start = cache.length if cache is not None else 0
+        if cache is not None:
+            cache.check_room(length)
+        elif length > self.config.block_size:
             raise ValueError(f"sequence of {length} tokens exceeds block_size {self.config.block_size}")
-        positions = torch.arange(length, device=idx.device)
+        positions = torch.arange(start, start + length, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
-        for block in self.transformer.h:
-            x = block(x)
+        for index, block in enumerate(self.transformer.h):
+            x = block(x, cache.layers[index] if cache is not None else None)
+        if cache is not None:
+            cache.advance(length)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, -1:, :]), None

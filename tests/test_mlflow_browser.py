@@ -117,7 +117,8 @@ def served_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
 def rendered(url: str, budget_ms: int = 10000) -> str:
     """The page's DOM after its scripts ran (`budget_ms` of virtual time), as headless Chromium sees it."""
     command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--window-size=2400,1400", f"--virtual-time-budget={budget_ms}", "--dump-dom", url]  # fmt: skip
+               "--window-size=2400,1400", f"--virtual-time-budget={budget_ms}",  # wide: every column shows
+               "--dump-dom", url]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     return result.stdout
 

@@ -1,0 +1,66 @@
+"""The key/value cache of sampling: each layer's keys and values of the tokens seen so far, so a new token
+costs one position's forward pass instead of the whole context's.
+
+The cache holds at most `block_size` positions, the model's window. Positions are absolute (the `wpe`
+table), so a full cache cannot slide: the sampler starts a new one from the context's last tokens (see
+`gptcore.generate.sample`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LayerCache:
+    """One layer's keys and values, `(batch, heads, block_size, head_dim)`, allocated on first use in the
+    dtype and device of the first keys stored (so autocast and the model's device decide, not the caller)."""
+
+    def __init__(self, owner: KVCache) -> None:
+        self.owner = owner
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def store(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys and values after the cached ones; every key and value so far."""
+        if self.keys is None:
+            batch, heads, _, head_dim = keys.shape
+            shape = (batch, heads, self.owner.block_size, head_dim)
+            self.keys = keys.new_empty(shape)
+            self.values = values.new_empty(shape)
+        start, end = self.owner.length, self.owner.length + keys.shape[2]
+        self.keys[:, :, start:end] = keys
+        self.values[:, :, start:end] = values
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class KVCache:
+    """Every layer's cache and the number of positions they hold (`length`), advanced by the model once
+    all its layers have stored a step."""
+
+    def __init__(self, n_layer: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.length = 0
+        self.layers = [LayerCache(self) for _ in range(n_layer)]
+
+    @property
+    def full(self) -> bool:
+        return self.length >= self.block_size
+
+    def check_room(self, new_positions: int) -> None:
+        if self.length + new_positions > self.block_size:
+            raise ValueError(
+                f"kv cache: {self.length} cached + {new_positions} new positions exceed block_size "
+                f"{self.block_size}; start a new cache from the context's last tokens"
+            )
+
+    def advance(self, new_positions: int) -> None:
+        self.length += new_positions
+
+
+def attention_mask(new_positions: int, cached: int, device: torch.device) -> torch.Tensor | None:
+    """The boolean mask of `new_positions` queries over `cached + new_positions` keys: query i sees the
+    cached keys and the new ones up to itself. None where `is_causal` or no mask says the same."""
+    if cached == 0 or new_positions == 1:
+        return None  # a prefill is plainly causal; one new token sees every key
+    keys = cached + new_positions
+    return torch.ones(new_positions, keys, dtype=torch.bool, device=device).tril(diagonal=cached)
