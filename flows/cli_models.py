@@ -83,6 +83,11 @@ def export_command(
 
         _, params = resolve_params(params_file, iteration, [])
         files = model_files_of(model, params.tracking)
+        if files.method != "fp32":
+            raise ConfigError(
+                f"--model {model}: a {files.method} model; the Hugging Face export takes the fp32 one "
+                "(the checkpoint it was quantized from)"
+            )
         trained, tokenizer_path = read_model_files(files.weights, files.config), tokenizer or files.tokenizer
     else:
         from gptcore.generate import choose_checkpoint, load_model

@@ -24,7 +24,7 @@ DEFAULT_PARAMS = "params/iteration_1.yaml"
 
 @flow(name="end-to-end", log_prints=False, validate_parameters=True)
 def end_to_end(
-    params_path: str = DEFAULT_PARAMS, overrides: list[str] | None = None, until: str = "export"
+    params_path: str = DEFAULT_PARAMS, overrides: list[str] | None = None, until: str = STAGES[-1]
 ) -> dict:
     """Corpus to trained checkpoint for one parameter file, redoing only what changed."""
     hide_user_error_tracebacks()
@@ -41,6 +41,7 @@ def end_to_end(
         full = report.stage("full", lambda: stages.full(params, tokens, device, smoke, tracking))
         evaluate = report.stage("evaluate", lambda: stages.evaluate(params, tokens, device, full, tracking))
         report.stage("export", lambda: stages.export(params, tokens, full, evaluate, tracking))
+        report.stage("quantize", lambda: stages.quantize(params, tokens, device, full, evaluate, tracking))
     finally:
         report.finish()
         for outcome in report.outcomes.values():

@@ -22,7 +22,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 ConcretePrecision = Literal["fp32", "bf16", "fp16"]
 TrainingStage = Literal["smoke", "full"]
-STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export")
+STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export", "quantize")
 
 
 class Strict(BaseModel):
@@ -206,6 +206,35 @@ class ExportConfig(Strict):
     hf: bool = Field(default=False, description="a Hugging Face GPT-2 folder (gptcore.hf_export)")
 
 
+QuantizationMethod = Literal["fp32", "bf16", "int8-weight-only", "int8-dynamic"]  # gptcore.quantization
+
+
+class QuantizeConfig(Strict):
+    """Post-training quantization of the evaluated checkpoint (the quantize stage), one row of a
+    trade-off table per method; fp32, the reference, is always measured."""
+
+    methods: list[QuantizationMethod] = Field(
+        default_factory=list, description="the methods to measure; empty: the stage is skipped"
+    )
+    max_test_tokens: int | None = Field(
+        default=None, ge=1, description="measure the test stream's first N tokens only (None: all)"
+    )
+    new_tokens: int = Field(default=128, ge=1, le=1024, description="greedy tokens per timed generation")
+    repeats: int = Field(default=5, ge=1, le=50, description="timed generations; the median is kept")
+    may_hold_champion: bool = Field(
+        default=False, description="a quantized model may take @champion with better test bits per byte"
+    )
+
+    @model_validator(mode="after")
+    def _comparable_with_the_champion(self) -> QuantizeConfig:
+        if self.may_hold_champion and self.max_test_tokens is not None:
+            raise ValueError(
+                f"may_hold_champion needs max_test_tokens unset (it is {self.max_test_tokens}): the "
+                "champion's test bits per byte cover the whole test split"
+            )
+        return self
+
+
 class PathsConfig(Strict):
     data_root: str = "data"
     checkpoint_root: str = "checkpoints"
@@ -223,6 +252,7 @@ class PipelineParams(Strict):
     full: FullTrainingConfig = FullTrainingConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     export: ExportConfig = ExportConfig()
+    quantize: QuantizeConfig = QuantizeConfig()
     tracking: TrackingConfig = TrackingConfig()
     paths: PathsConfig = PathsConfig()
 

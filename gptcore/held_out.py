@@ -103,6 +103,17 @@ def summed_nats(
     return total, predicted
 
 
+def stream_bits_per_byte(stream: TokenStream, nats: float, predicted: int) -> float | None:
+    """Bits per UTF-8 byte of `predicted` tokens of `stream` that cost `nats`: the whole stream over its
+    text bytes, a prefix by the stream's tokens per byte; None without a manifest to say either."""
+    manifest = stream.manifest
+    if manifest is None or predicted == 0:
+        return None
+    if manifest.text_bytes and predicted == len(stream) - 1:
+        return nats / (math.log(2) * manifest.text_bytes)
+    return bits_per_byte(nats / predicted, manifest.tokens_per_byte)
+
+
 def _window_nats(model: GPT, windows: torch.Tensor) -> float:
     _, loss = model(windows[:, :-1], windows[:, 1:])  # the mean over every predicted token
     return float(loss.double()) * windows[:, 1:].numel()
@@ -163,11 +174,7 @@ def evaluate_held_out(
         step=int(record.get("step", 0)),
         test_loss=loss,
         test_perplexity=math.exp(min(loss, 700.0)),
-        test_bits_per_byte=(
-            nats / (math.log(2) * text_bytes)  # the whole stream: its summed nats over its bytes
-            if text_bytes and predicted == len(test) - 1
-            else bits_per_byte(loss, tokens_per_byte)  # a prefix: by the stream's tokens per byte
-        ),
+        test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
         unigram_test_loss=unigram,
         unigram_test_bits_per_byte=bits_per_byte(unigram, tokens_per_byte),
         test_tokens=predicted,

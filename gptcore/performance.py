@@ -11,11 +11,13 @@ square plus the model's own GEMM shapes (`model_matmul_shapes`) in the CPU bench
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 import time
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import torch
 
@@ -143,16 +145,31 @@ def estimate_memory(config: ModelConfig, parameters: int, batch_size: int, preci
     }
 
 
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
 def reset_peak_memory(device: str) -> None:
+    """Start a new peak: CUDA's allocator statistics; on Linux the process's peak resident set (writing 5
+    to clear_refs sets it to the resident set now)."""
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        return
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak stays the process's life
+        _CLEAR_REFS.write_text("5")
 
 
 def peak_memory_bytes(device: str) -> int:
-    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident set
-    (for the process's whole life, so it includes everything loaded before training)."""
+    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident set since
+    the last reset on Linux (VmHWM), else over the process's whole life."""
     if device == "cuda":
         return int(torch.cuda.max_memory_allocated())
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
 

@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 
 from gptcore.config import PipelineParams
-from tasks import data_stages, evaluate_stage, export_stage, training_stages
+from tasks import data_stages, evaluate_stage, export_stage, quantize_stage, training_stages
 from tasks.caching import StageOutcome, run_cached
 from tasks.device_stage import device_task
 from tasks.stage_results import (
     EvaluateResult,
     ExportResult,
     FullResult,
+    QuantizeResult,
     SmokeResult,
     TokenizerResult,
     TokensResult,
@@ -168,5 +169,45 @@ def export(
         tokens=tokens.result,
         checkpoint=str(checkpoint),
     )
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def quantize(
+    params: PipelineParams,
+    tokens: StageOutcome,
+    device: StageOutcome,
+    full: StageOutcome,
+    evaluate: StageOutcome,
+    tracking: PipelineRecorder,
+) -> StageOutcome:
+    if not params.quantize.methods:
+        message = "quantize.methods is empty in the parameter file"
+        outcome = StageOutcome("quantize", "skipped", message=message)
+        tracking.record_stage(outcome)
+        return outcome
+    checkpoint = Path(evaluate.result.checkpoint)
+    digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
+    where = device.result.runtime["device"]
+    outcome = run_cached(
+        "quantize",
+        quantize_stage.quantize_task,
+        QuantizeResult,
+        fingerprint=quantize_stage.quantize_fingerprint(params, tokens.result, digest, where),
+        params=params,
+        tokens=tokens.result,
+        checkpoint=str(checkpoint),
+        device=where,
+    )
+    if outcome.result is not None:
+        registrations = tracking.record_quantized(
+            registered_name(params), outcome.result, digest, params.quantize.may_hold_champion
+        )
+        figures = dict(outcome.figures)
+        for method, registration in registrations.items():
+            if registration is not None:
+                figures[f"{method}/model_version"] = registration.model_version
+                figures[f"{method}/alias"] = registration.alias
+        outcome.result = outcome.result.model_copy(update={"figures": figures})
     tracking.record_stage(outcome)
     return outcome

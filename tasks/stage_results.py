@@ -80,3 +80,10 @@ class EvaluateResult(StageResult):
 class ExportResult(StageResult):
     folder: str  # the Hugging Face folder
     checkpoint: str  # the checkpoint exported
+
+
+class QuantizeResult(StageResult):
+    checkpoint: str  # the checkpoint quantized (the evaluated one)
+    rows: list[dict[str, Any]]  # gptcore.quant_tradeoff.TradeoffRow.to_dict(), fp32 first
+    machine: dict[str, Any]  # gptcore.quantization.cpu_features()
+    model_folders: dict[str, str]  # method -> the folder of its model files (measured methods)

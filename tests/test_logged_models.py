@@ -203,3 +203,52 @@ def test_gptpipe_export_writes_a_hugging_face_folder_from_a_checkpoint_or_a_logg
     assert error.startswith("error: ") and len(error.splitlines()) == 1 and not (tmp_path / "c").exists()
     assert main(["export", "--model", model, *from_run[1:], "--output", str(tmp_path / "d")]) == 2
     assert "give one of --checkpoint-directory, --checkpoint-file or --model" in capsys.readouterr().err
+
+
+def test_quantized_models_are_versions_tagged_with_their_method_and_champion_stays_on_fp32(
+    trained, tmp_path: Path
+) -> None:
+    pytest.importorskip("torchao", reason="the quant extra is not installed")
+    from gptcore.fingerprint import sha256_file
+    from gptcore.generate import load_model
+    from gptcore.model_files import checkpoint_tokenizer, write_model_files
+    from gptcore.quantization import quantized
+    from tasks.tracking.registry import register, register_quantized
+
+    session, callback, run = trained
+    client, experiment, name = session.client, session.experiment_id, "gpt-quantized"
+    assert register(client, experiment, callback.run_id, name, run / "final.pt", 2.0).alias == "champion"
+    model, record = load_model(run / "final.pt")
+    digest = sha256_file(run / "final.pt")
+
+    def files(method: str) -> object:
+        return write_model_files(
+            quantized(model, method), checkpoint_tokenizer(record), tmp_path / method, method
+        )
+
+    figures = {"test_bits_per_byte": 1.9, "size_ratio": 0.56}  # better than fp32's, yet not champion:
+    int8 = register_quantized(
+        client, experiment, callback.run_id, name, files("int8-weight-only"), digest, figures
+    )
+    assert (int8.alias, int8.model_version) == ("int8-weight-only", "2")
+    version = client.get_model_version(name, "2")
+    assert (version.tags["quantization"], version.tags["source_checkpoint_sha256"]) == (
+        "int8-weight-only",
+        digest,
+    )
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
+    again = register_quantized(
+        client, experiment, callback.run_id, name, files("int8-weight-only"), digest, figures
+    )
+    assert again.model_version == "2"  # one version per checkpoint and method
+
+    logged = client.get_logged_model(version.tags["model_id"])
+    assert {metric.key for metric in logged.metrics} == {"test_bits_per_byte", "size_ratio"}
+    served = mlflow.pyfunc.load_model(logged.artifact_location)
+    completions = served.predict(["def load("], params={"max_new_tokens": 4, "temperature": 0.0})
+    assert len(completions) == 1 and isinstance(completions[0], str)
+
+    allowed = {"test_bits_per_byte": 1.5}
+    bf16 = register_quantized(client, experiment, callback.run_id, name, files("bf16"), digest, allowed, True)
+    assert (bf16.alias, bf16.champion_test_bits_per_byte) == ("champion", 2.0)
+    assert str(client.get_model_version_by_alias(name, "bf16").version) == bf16.model_version

@@ -68,6 +68,7 @@ smoke: {{max_steps: 6, log_every: 2, eval_every: 6, validation_examples: 8,
 full: {{max_steps: {full_steps}, log_every: 2, eval_every: 50, checkpoint_every: {checkpoint_every},
        validation_examples: 8, optimizer: {{learning_rate: 3.0e-3, warmup_steps: 1}}}}
 export: {{hf: true}}
+quantize: {{methods: [bf16, int8-weight-only], new_tokens: 8, repeats: 1}}
 tracking: {{experiment: test-pipeline, artifact_root: "{root / "mlartifacts"}"}}
 paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"}}
 """
@@ -177,11 +178,20 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     assert (figures["registered_model"], figures["alias"]) == ("gptpipe-iteration-1", "champion")
     exported = Path(stages_of(first)["export"]["outputs"][0])
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in exported.iterdir()}
+    quantized = stages_of(first)["quantize"]["figures"]
+    assert quantized["int8-weight-only/size_ratio"] < 1.0 and quantized["bf16/size_ratio"] < 0.6
+    assert (quantized["int8-weight-only/alias"], quantized["bf16/alias"]) == ("int8-weight-only", "bf16")
+    assert [Path(path).name for path in stages_of(first)["quantize"]["outputs"]] == [
+        "tradeoff.json",
+        "tradeoff.md",
+    ]
 
     again = gptpipe(prefect_env, "--params", params)
     assert states(again) == {**dict.fromkeys(STAGES, "cached"), "device": "completed"}
     version = stages_of(again)["evaluate"]["figures"]["model_version"]
     assert version == figures["model_version"]  # the same checkpoint: the same version, still champion
+    again_quantized = stages_of(again)["quantize"]["figures"]
+    assert again_quantized["int8-weight-only/model_version"] == quantized["int8-weight-only/model_version"]
 
     # A deleted output file: its stage runs again; stages downstream keep their cache (same fingerprint).
     Path(stages_of(again)["tokens"]["outputs"][1]).unlink()
@@ -212,6 +222,7 @@ def test_until_stops_after_the_named_stage(tmp_path: Path, prefect_env: dict[str
         "full": "skipped",
         "evaluate": "skipped",
         "export": "skipped",
+        "quantize": "skipped",
     }
 
 

@@ -41,11 +41,24 @@ def _load(artifacts: dict[str, str]) -> Any:
     from gptcore.generate import Completer
     from gptcore.model_files import read_model_files
 
-    model = read_model_files(artifacts["weights"], artifacts["config"])
+    quantization = artifacts.get("quantization")  # a quantized model's method; absent for fp32
+    model = read_model_files(artifacts["weights"], artifacts["config"], quantization=quantization)
     return Completer.from_paths(model, artifacts["tokenizer"])
 
 
+def _prompts(model_input: Any) -> Any:
+    """The prompts as a list: from the one-column DataFrame the signature makes of them, a Series or an
+    array; anything else as it came (the completer says what it expected)."""
+    if getattr(model_input, "ndim", None) == 2 and hasattr(model_input, "iloc"):
+        model_input = model_input.iloc[:, 0]
+    return model_input.tolist() if hasattr(model_input, "tolist") else model_input
+
+
 class GptModel(PythonModel):
+    # The prompts are checked by the logged signature and the completer; MLflow's own type-hint checks
+    # would want hints on `predict` (see there why it has none) and warn about every load without them.
+    _skip_type_hint_validation = True
+
     def load_context(self, context: Any) -> None:
         # Every torch call of this model runs on one thread of its own. MLflow's server loads the model on
         # its main thread and predicts on a pool thread; two threads with OpenMP teams on few cores slow
@@ -53,14 +66,18 @@ class GptModel(PythonModel):
         self.torch_thread = ThreadPoolExecutor(1, thread_name_prefix="gptpipe-model")
         self.completer = self.torch_thread.submit(_load, context.artifacts).result()
 
-    def predict(self, context: Any, model_input: list[str], params: dict | None = None) -> list[str]:
+    # No type hints on `model_input`: the logged signature says what it takes (MLflow then hands it over
+    # as a one-column DataFrame), and hints would make MLflow load the model and predict while saving it,
+    # on whichever thread saves it.
+    def predict(self, context: Any, model_input, params: dict | None = None) -> list[str]:
         from gptcore.errors import GptpipeError
         from gptcore.generate import DEFAULT_COMPLETION
 
         settings = {**DEFAULT_COMPLETION, **(params or {})}
         chosen = {key: settings[key] for key in DEFAULT_COMPLETION}
         try:
-            return self.torch_thread.submit(self.completer.complete, model_input, **chosen).result()
+            prompts = _prompts(model_input)
+            return self.torch_thread.submit(self.completer.complete, prompts, **chosen).result()
         except GptpipeError as error:
             raise BadRequest(str(error)) from None
 

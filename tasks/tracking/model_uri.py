@@ -70,14 +70,14 @@ def model_files_of(uri: str, config: Any = None) -> Any:
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
-    from gptcore.model_files import CONFIG, TOKENIZER, WEIGHTS, ModelFiles
+    from gptcore.model_files import model_files_in
 
     location, target = locate(uri, config)
     try:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=location)) / "artifacts"
     except (MlflowException, OSError, ValueError) as error:
         raise _not_found(uri, target, error) from None
-    files = ModelFiles(local / WEIGHTS, local / CONFIG, local / TOKENIZER)
+    files = model_files_in(local)
     missing = [path.name for path in (files.weights, files.config, files.tokenizer) if not path.is_file()]
     if missing:
         raise ModelNotFound(

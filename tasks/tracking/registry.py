@@ -5,6 +5,10 @@ logged none, e.g. trained untracked) becomes a version of the registered model; 
 checkpoint again finds its version instead of adding one. The alias `champion` moves to it only when its
 `test_bits_per_byte` beats the current champion's (or there is none); otherwise it gets `challenger`. The
 decision and both figures are tags of the version.
+
+The quantize stage's models are versions too, tagged `quantization=<method>` and
+`source_checkpoint_sha256`, each with the alias of its method (`@int8-weight-only`); `champion` stays on
+the floating-point model unless `quantize.may_hold_champion` lets a quantized one win it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
+DESCRIPTION = "gptpipe models; @champion has the best test bits per byte, @<method> the newest quantized"
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,7 @@ class Registration:
     registered_model: str
     model_version: str
     model_id: str
-    alias: str  # champion or challenger
+    alias: str  # champion, challenger, or a quantized version's method
     test_bits_per_byte: float
     champion_test_bits_per_byte: float | None  # the champion's before this decision (None: there was none)
 
@@ -64,45 +69,85 @@ def register(
     digest: str | None = None,
 ) -> Registration:
     """Register `checkpoint` (its sha256 `digest`, computed when not given) as a version of `name`."""
-    from mlflow.exceptions import MlflowException
-
     from gptcore.fingerprint import sha256_file
 
     digest = digest or sha256_file(checkpoint)
     model = evaluated_model(client, experiment_id, run_id, checkpoint, digest)
+    identity = {"checkpoint_sha256": digest}
+    version = _version_of(client, name, identity)
+    version = version or _new_version(client, name, model, identity, test_bits_per_byte)
+    alias, best = _decide(client, name, version, test_bits_per_byte, may_win=True, otherwise=CHALLENGER)
+    return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best)
+
+
+def register_quantized(
+    client: Any,
+    experiment_id: str,
+    run_id: str,
+    name: str,
+    files: Any,
+    digest: str,
+    metrics: dict[str, float],
+    may_hold_champion: bool = False,
+) -> Registration:
+    """Register a quantized model's files (`gptcore.model_files.ModelFiles`) of the checkpoint whose
+    sha256 is `digest` as a version of `name` tagged `quantization=<method>`, logged first as a logged
+    model of `run_id` with its trade-off `metrics`. The alias `<method>` moves to it; `champion` only
+    when `may_hold_champion` and its test bits per byte beat the champion's."""
+    from tasks.tracking.logged_models import log_files_model
+
+    method = files.method
+    identity = {"source_checkpoint_sha256": digest, "quantization": method}
+    bits = metrics["test_bits_per_byte"]
+    version = _version_of(client, name, identity)
+    if version is None:
+        tags = {**identity, "stage": "quantize"}
+        model_id = log_files_model(client, experiment_id, run_id, files, f"gpt-{method}", tags, metrics)
+        version = _new_version(client, name, client.get_logged_model(model_id), identity, bits)
+    alias, best = _decide(client, name, version, bits, may_win=may_hold_champion, otherwise=method)
+    if alias == CHAMPION:
+        client.set_registered_model_alias(name, method, version.version)
+    return Registration(name, str(version.version), version.tags.get("model_id", ""), alias, bits, best)
+
+
+def _new_version(client: Any, name: str, model: Any, identity: dict[str, str], bits: float) -> Any:
+    """A new version of `name` (created when missing) for the logged `model`, named on the model too."""
+    from mlflow.exceptions import MlflowException
+
     try:
         client.get_registered_model(name)
     except MlflowException:
-        client.create_registered_model(
-            name, description="gptpipe models; @champion has the best test bits per byte"
-        )
-    version = _version_of(client, name, digest)
-    if version is None:
-        version = client.create_model_version(
-            name,
-            source=model.artifact_location,
-            run_id=model.source_run_id,
-            model_id=model.model_id,
-            tags={
-                "checkpoint_sha256": digest,
-                "model_id": model.model_id,
-                "test_bits_per_byte": str(test_bits_per_byte),
-            },
-        )
-        _link_version(client, model, name, str(version.version))
+        client.create_registered_model(name, description=DESCRIPTION)
+    version = client.create_model_version(
+        name,
+        source=model.artifact_location,
+        run_id=model.source_run_id,
+        model_id=model.model_id,
+        tags={**identity, "model_id": model.model_id, "test_bits_per_byte": str(bits)},
+    )
+    _link_version(client, model, name, str(version.version))
+    return version
+
+
+def _decide(
+    client: Any, name: str, version: Any, bits: float, may_win: bool, otherwise: str
+) -> tuple[str, float | None]:
+    """Move `champion` to `version` when it may win and its bits per byte beat the champion's (or there
+    is none), else give it the alias `otherwise`; the decision and both figures become its tags."""
     champion = _champion(client, name)
     best = float(champion.tags["test_bits_per_byte"]) if champion is not None else None
-    wins = champion is None or str(champion.version) == str(version.version) or test_bits_per_byte < best
-    alias = CHAMPION if wins else CHALLENGER
+    same = champion is not None and str(champion.version) == str(version.version)
+    wins = may_win and (champion is None or same or bits < best)
+    alias = CHAMPION if wins else otherwise
     client.set_registered_model_alias(name, alias, version.version)
     decision = {
         "decision": alias,
-        "test_bits_per_byte": str(test_bits_per_byte),
+        "test_bits_per_byte": str(bits),
         "champion_test_bits_per_byte": str(best) if best is not None else "none",
     }
     for key, value in decision.items():
         client.set_model_version_tag(name, version.version, key, value)
-    return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best)
+    return alias, best
 
 
 def _link_version(client: Any, model: Any, name: str, version: str) -> None:
@@ -117,8 +162,10 @@ def _link_version(client: Any, model: Any, name: str, version: str) -> None:
     client.set_logged_model_tags(model.model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(known)})
 
 
-def _version_of(client: Any, name: str, digest: str) -> Any:
-    found = client.search_model_versions(f"name = '{name}' and tags.checkpoint_sha256 = '{digest}'")
+def _version_of(client: Any, name: str, identity: dict[str, str]) -> Any:
+    """The version of `name` whose tags hold `identity` (a checkpoint's hash, a quantization), or None."""
+    terms = " and ".join(f"tags.{key} = '{value}'" for key, value in identity.items())
+    found = client.search_model_versions(f"name = '{name}' and {terms}")
     return found[0] if found else None
 
 

@@ -1,0 +1,141 @@
+"""Post-training quantization: quantized models that round-trip through their files, a trade-off table with
+fp32 as the reference, skipped rows for methods that cannot run, and quantized versions in the registry."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from gptcore.config import (
+    CorpusConfig,
+    EvaluateConfig,
+    ModelConfig,
+    QuantizeConfig,
+    TokenizerConfig,
+    load_profile,
+)
+from gptcore.corpus import load_corpus
+from gptcore.model import GPT
+from gptcore.model_files import model_files_in, read_model_files, write_model_files
+from gptcore.quantization import METHODS, quantized, weight_bytes
+from gptcore.tokenfile import open_tokens
+
+pytest.importorskip("torchao", reason="the quant extra (pip install -e '.[quant]') is not installed")
+
+SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=400)
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tokenizer and the test token file of real text (two standard-library packages' sources)."""
+    from gptcore.token_build import build_token_files
+    from gptcore.tokenizer_training import train_tokenizer
+
+    folder = tmp_path_factory.mktemp("quant")
+    paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
+    corpus = load_corpus(
+        CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
+    )
+    tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)
+    tokens = build_token_files(corpus, tokenizer, folder)
+    return Path(tokenizer.path), Path(tokens.test.path)
+
+
+def small_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(SMALL).eval()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_quantized_model_reads_back_from_its_files_with_the_same_logits(
+    method: str, text, tmp_path
+) -> None:
+    tokenizer, _ = text
+    model = quantized(small_model(), method)
+    files = write_model_files(model, tokenizer, tmp_path, method)
+    assert model_files_in(tmp_path) == files and files.method == method
+    again = read_model_files(files.weights, files.config, quantization=files.quantization)
+    ids = torch.randint(0, SMALL.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids, ids)[0], model(ids, ids)[0], rtol=0, atol=0)
+    assert again.lm_head.weight is again.transformer.wte.weight  # still tied
+
+
+def test_int8_keeps_the_tied_head_in_floating_point_and_shrinks_gpt_42m_below_045x(
+    text, tmp_path: Path
+) -> None:
+    from safetensors.torch import save_model
+
+    torch.manual_seed(0)
+    model = GPT(load_profile("gpt_42m").architecture).eval()
+    reference = tmp_path / "fp32.safetensors"
+    save_model(model, str(reference))
+    int8 = quantized(model, "int8-weight-only")
+    assert int8.lm_head.weight is int8.transformer.wte.weight and int8.lm_head.weight.dtype == torch.float32
+    assert type(int8.transformer.h[0].mlp.c_fc.weight).__name__ == "Int8Tensor"
+    files = write_model_files(int8, text[0], tmp_path / "int8", "int8-weight-only")
+    assert files.weights.stat().st_size <= 0.45 * reference.stat().st_size
+    assert weight_bytes(int8) <= 0.45 * weight_bytes(model)
+    assert type(model.transformer.h[0].mlp.c_fc.weight) is torch.nn.Parameter  # the original untouched
+
+
+def test_the_tradeoff_table_measures_every_method_against_fp32(text, tmp_path: Path) -> None:
+    from gptcore.quant_tradeoff import measure_tradeoff, tradeoff_markdown
+    from gptcore.quantization import cpu_features
+
+    tokenizer, test = text
+    settings = QuantizeConfig(methods=["int8-weight-only", "bf16"], new_tokens=6, repeats=1)
+    rows = measure_tradeoff(
+        small_model(),
+        settings.methods,
+        open_tokens(test),
+        tokenizer,
+        settings,
+        EvaluateConfig(prompts=2),
+        tmp_path,
+    )
+    assert [row.method for row in rows] == ["fp32", "int8-weight-only", "bf16"]  # fp32 first, always
+    fp32, int8, bf16 = rows
+    assert (fp32.size_ratio, fp32.test_loss_delta, fp32.greedy_agreement) == (1.0, 0.0, 1.0)
+    assert int8.size_ratio < 1.0 and 0.45 < bf16.size_ratio < 0.55
+    assert abs(int8.test_perplexity_change) < 0.05 and 0.0 <= int8.greedy_agreement <= 1.0
+    assert all(row.generate_tokens_per_second > 0 and row.prefill_tokens_per_second > 0 for row in rows)
+    assert fp32.test_tokens == len(open_tokens(test)) - 1 and fp32.test_bits_per_byte > 0
+    assert (tmp_path / "int8-weight-only" / "model.pt").is_file()
+    table = tradeoff_markdown(rows, cpu_features())
+    assert "| int8-weight-only |" in table and "torchao" in table
+
+
+def test_a_method_that_cannot_run_here_is_a_skipped_row_not_a_failure(
+    text, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gptcore.quant_tradeoff as tradeoff
+
+    tokenizer, test = text
+    real = tradeoff.unavailable
+    monkeypatch.setattr(
+        tradeoff,
+        "unavailable",
+        lambda m, d: "no int8 kernels on this CPU" if m == "int8-dynamic" else real(m, d),
+    )
+    settings = QuantizeConfig(methods=["int8-dynamic"], max_test_tokens=64, new_tokens=4, repeats=1)
+    rows = tradeoff.measure_tradeoff(
+        small_model(), settings.methods, open_tokens(test), tokenizer, settings, EvaluateConfig(), tmp_path
+    )
+    assert [(row.method, row.status) for row in rows] == [
+        ("fp32", "ok"),
+        ("int8-dynamic", "skipped: no int8 kernels on this CPU"),
+    ]
+    assert rows[1].metrics() == {} and rows[0].test_tokens == 64
+
+
+def test_an_unknown_method_fails_validation_with_the_allowed_list() -> None:
+    with pytest.raises(ValidationError, match="'fp32', 'bf16', 'int8-weight-only' or 'int8-dynamic'"):
+        QuantizeConfig(methods=["int4"])
+    with pytest.raises(ValidationError, match="may_hold_champion needs max_test_tokens unset"):
+        QuantizeConfig(methods=["bf16"], may_hold_champion=True, max_test_tokens=100)
