@@ -52,13 +52,20 @@ def compiled_speeds(model, ids: list[int], settings: QuantizeConfig) -> dict[str
     return speeds
 
 
-def measure(profile: str, model, test_path: Path, tokenizer: Path, args: argparse.Namespace) -> None:
+def measure(
+    profile: str,
+    model,
+    test_path: Path,
+    tokenizer: Path,
+    args: argparse.Namespace,
+    max_test_tokens: int | None,
+) -> None:
     import tempfile
 
     from gptcore.quant_tradeoff import measure_tradeoff, tradeoff_markdown
     from gptcore.tokenfile import open_tokens
 
-    settings = QuantizeConfig(methods=list(METHODS), max_test_tokens=args.max_test_tokens)
+    settings = QuantizeConfig(methods=list(METHODS), max_test_tokens=max_test_tokens)
     test = open_tokens(test_path)
     with tempfile.TemporaryDirectory(prefix="gptpipe-quant-bench-") as scratch:
         rows = measure_tradeoff(
@@ -73,7 +80,8 @@ def measure(profile: str, model, test_path: Path, tokenizer: Path, args: argpars
         compiled = compiled_speeds(model, ids, settings)
         print("| method | eager gen tok/s | torch.compile gen tok/s |\n|---|---|---|")
         for method in METHODS:
-            print(f"| {method} | {eager.get(method)} | {compiled[method]} |")
+            speed = eager.get(method)
+            print(f"| {method} | {'-' if speed is None else f'{speed:.1f}'} | {compiled[method]} |")
     int8 = next(row for row in rows if row.method == "int8-weight-only")
     print(
         f"\n{profile}: int8-weight-only file {int8.size_ratio:.3f}x fp32 (target <= 0.45 for gpt_42m); "
@@ -85,6 +93,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", default="first,42m", help="first (trained iteration 1), 42m, or both")
     parser.add_argument("--max-test-tokens", type=int, default=None, help="default: the whole test split")
+    parser.add_argument(
+        "--max-test-tokens-42m", type=int, default=32768, help="gpt_42m's quality columns (minutes per 100k)"
+    )
     parser.add_argument("--compile", action="store_true", help="also time generation under torch.compile")
     args = parser.parse_args()
     import torch
@@ -100,11 +111,15 @@ def main() -> None:
     print(json.dumps({"checkpoint": str(checkpoint), "test": str(test_path), **cpu_features()}), flush=True)
     wanted = args.profiles.split(",")
     if "first" in wanted:
-        measure("gpt_first_cpu (trained, iteration 1)", trained, test_path, tokenizer, args)
+        measure(
+            "gpt_first_cpu (trained, iteration 1)", trained, test_path, tokenizer, args, args.max_test_tokens
+        )
     if "42m" in wanted:
         torch.manual_seed(0)
         model = GPT(load_profile("gpt_42m").architecture).eval()
-        measure("gpt_42m (random initial weights)", model, test_path, tokenizer, args)
+        measure(
+            "gpt_42m (random initial weights)", model, test_path, tokenizer, args, args.max_test_tokens_42m
+        )
 
 
 if __name__ == "__main__":

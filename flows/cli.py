@@ -42,7 +42,7 @@ def _register_commands() -> None:
     """Every command, in the order `--help` lists them; each module defines plain functions."""
     if app.registered_commands:
         return
-    from flows.cli_models import export_command, serve_command
+    from flows.cli_models import export_command, quantize_command, serve_command
     from flows.cli_pipeline import run
     from flows.cli_tracking import compare_command, ui_command
     from flows.cli_train import device_command, generate_command, train_command
@@ -54,6 +54,7 @@ def _register_commands() -> None:
         ("generate", generate_command),
         ("serve", serve_command),
         ("export", export_command),
+        ("quantize", quantize_command),
         ("ui", ui_command),
         ("compare", compare_command),
     ):

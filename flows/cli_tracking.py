@@ -135,7 +135,7 @@ def _compare_in_memory(
     plan = plan_comparison(
         params, axis, chosen, limits, torch.cuda.is_available(), batch_size, precision, *sources
     )
-    print_comparison(compare_in_memory(params, plan))
+    print_comparison(compare_in_memory(params, plan, sources[2]))
 
 
 def _compare_in_a_flow(

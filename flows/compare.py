@@ -7,6 +7,8 @@ the parent run as artifacts (`comparison.md`, `comparison.json`).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +17,25 @@ from prefect import flow
 from gptcore.comparison import (
     Limits,
     compare_records,
+    inference_rows,
+    inference_side,
     plan_comparison,
     print_comparison,
     train_side,
 )
 from gptcore.errors import ConfigError
+from gptcore.quant_tradeoff import tradeoff_columns
 
 
 def compare_runs(
-    session: Any, run_ids: list[str], axis: str, parent_run_id: str | None = None
+    session: Any,
+    run_ids: list[str],
+    axis: str,
+    parent_run_id: str | None = None,
+    inference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Read two runs back from MLflow, refuse them when their controls differ, log and return the table."""
+    """Read two runs back from MLflow, refuse them when their controls differ, log and return the table
+    (with a precision comparison's `inference` rows below it)."""
     runs = []
     for run_id in run_ids:
         try:
@@ -34,8 +44,13 @@ def compare_runs(
             raise ConfigError(f"--runs {run_id}: no such run in {session.target.uri}") from None
         runs.append({"run_id": run_id, "params": dict(run.data.params), "metrics": dict(run.data.metrics)})
     result = compare_records(runs, axis)
+    if inference is not None:
+        result["inference"] = inference
     if parent_run_id:
         markdown = f"# Comparison on {axis}\n\n{result['table']}\n"
+        if inference is not None:
+            markdown += f"\n## The fp32 side's model in each precision\n\n{inference['table']}\n"
+            session.client.log_table(parent_run_id, tradeoff_columns(inference["rows"]), "inference.json")
         session.client.log_text(parent_run_id, markdown, "comparison.md")
         session.client.log_dict(parent_run_id, result, "comparison.json")
     return result
@@ -69,8 +84,10 @@ def run_comparison(
         run_name=f"compare-{plan.axis}-{'-vs-'.join(plan.values)}",
         tags={"kind": "comparison", "compare.axis": plan.axis, "compare.values": ",".join(plan.values)},
     ).info.run_id
+    scratch = Path(tempfile.mkdtemp(prefix="gptpipe-compare-"))
     try:
         run_ids = []
+        kept = inference_side(plan)  # a precision comparison keeps its fp32 model for the inference rows
         for side in plan.sides():
             callback = session.training_callback(
                 side.name,
@@ -78,15 +95,22 @@ def run_comparison(
                 tags={"kind": "comparison", "compare.axis": plan.axis},
                 params={**profile_params(params), **plan.data_params},
             )
-            train_side(params, plan, side, callback)
+            train_side(params, plan, side, callback, scratch / "model" if side == kept else None)
             run_ids.append(callback.run_id)
-        result = compare_runs(session, run_ids, plan.axis, parent_run_id=parent)
+        inference = (
+            inference_rows(params, plan, scratch / "model" / "final.pt", tokenizer, scratch / "rows")
+            if kept is not None
+            else None
+        )
+        result = compare_runs(session, run_ids, plan.axis, parent_run_id=parent, inference=inference)
     except BaseException as error:
         session.client.set_tag(
             parent, "failure_reason", str(error).splitlines()[0] if str(error) else "stopped"
         )
         session.client.set_terminated(parent, "FAILED")
         raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     session.client.set_terminated(parent, "FINISHED")
     result["parent_run_id"] = parent
     result["url"] = session.run_url(parent)

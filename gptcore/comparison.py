@@ -142,6 +142,9 @@ def compare_records(runs: list[dict[str, Any]], axis: str) -> dict[str, Any]:
 def print_comparison(result: dict[str, Any]) -> None:
     """The table for the person at the terminal, then one JSON line for scripts."""
     print(result["table"])
+    if "inference" in result:
+        print("\nThe fp32 side's model in each precision, on the same validation windows:\n")
+        print(result["inference"]["table"] + "\n")
     summary: dict[str, Any] = {
         "event": "comparison",
         "axis": result["axis"],
@@ -232,8 +235,15 @@ def plan_comparison(
     return ComparisonPlan(axis, chosen, base, limits, train, validation, data_params)
 
 
-def train_side(params: Any, plan: ComparisonPlan, side: Side, callback: TrainingCallback) -> None:
-    """One bounded run of the smoke section, with the side's runtime; `callback` records it."""
+def train_side(
+    params: Any,
+    plan: ComparisonPlan,
+    side: Side,
+    callback: TrainingCallback,
+    checkpoint_directory: Path | None = None,
+) -> None:
+    """One bounded run of the smoke section, with the side's runtime; `callback` records it; with a
+    `checkpoint_directory`, the trained model is kept there as `final.pt`."""
     from gptcore.config import RuntimeConfig
     from gptcore.trainer import TrainJob, train
 
@@ -259,8 +269,45 @@ def train_side(params: Any, plan: ComparisonPlan, side: Side, callback: Training
         validation_tokens=plan.validation,
         device_defaults=params.defaults_for,
         metadata=getattr(callback, "metadata", {}),
+        checkpoint_directory=checkpoint_directory,
     )
     train(job, callback)
+
+
+# --- inference rows of a precision comparison ---------------------------------------------------------
+
+INFERENCE_REFERENCE = "fp32"
+
+
+def inference_side(plan: ComparisonPlan) -> Side | None:
+    """The side whose trained model the inference rows quantize: the fp32 one of a precision comparison."""
+    if plan.axis != "precision":
+        return None
+    return next((side for side in plan.sides() if side.runtime["precision"] == INFERENCE_REFERENCE), None)
+
+
+def inference_rows(
+    params: Any, plan: ComparisonPlan, checkpoint: Path, tokenizer: Path | None, folder: Path
+) -> dict[str, Any]:
+    """fp32, bf16 and int8 inference of the fp32 side's trained model on the comparison's own validation
+    windows (`gptcore.quant_tradeoff`): {"rows": [...], "table": markdown}."""
+    from gptcore.config import QuantizeConfig
+    from gptcore.generate import load_model
+    from gptcore.quant_tradeoff import measure_tradeoff, tradeoff_markdown
+    from gptcore.quantization import METHODS, cpu_features
+    from gptcore.tokenfile import TokenStream, open_tokens
+
+    model, _ = load_model(checkpoint)
+    windows = plan.validation if isinstance(plan.validation, TokenStream) else open_tokens(plan.validation)
+    block = model.config.block_size
+    settings = QuantizeConfig(
+        methods=list(METHODS),
+        max_test_tokens=plan.limits.validation_examples * block,
+        new_tokens=32,
+        repeats=3,
+    )  # the windows the comparison validated on; a short, bounded timing
+    rows = measure_tradeoff(model, settings.methods, windows, tokenizer, settings, params.evaluate, folder)
+    return {"rows": [row.to_dict() for row in rows], "table": tradeoff_markdown(rows, cpu_features())}
 
 
 class RunRecord(TrainingCallback):
@@ -287,11 +334,20 @@ class RunRecord(TrainingCallback):
         return {"run_id": None, "params": self.params, "metrics": self.metrics}
 
 
-def compare_in_memory(params: Any, plan: ComparisonPlan) -> dict[str, Any]:
-    """Both sides trained and compared, with nothing recorded outside this process."""
+def compare_in_memory(params: Any, plan: ComparisonPlan, tokenizer: Path | None = None) -> dict[str, Any]:
+    """Both sides trained and compared, with nothing recorded outside this process (a precision
+    comparison adds the fp32 side's model in each precision: `inference_rows`)."""
+    import tempfile
+
     runs = []
-    for side in plan.sides():
-        record = RunRecord({**profile_params(params), **plan.data_params})
-        train_side(params, plan, side, record)
-        runs.append(record.record())
-    return compare_records(runs, plan.axis)
+    with tempfile.TemporaryDirectory(prefix="gptpipe-compare-") as scratch:
+        kept = inference_side(plan)
+        for side in plan.sides():
+            record = RunRecord({**profile_params(params), **plan.data_params})
+            train_side(params, plan, side, record, Path(scratch) / "model" if side == kept else None)
+            runs.append(record.record())
+        result = compare_records(runs, plan.axis)
+        if kept is not None:
+            model = Path(scratch) / "model" / "final.pt"
+            result["inference"] = inference_rows(params, plan, model, tokenizer, Path(scratch) / "rows")
+    return result

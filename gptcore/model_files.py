@@ -55,9 +55,9 @@ def checkpoint_tokenizer(record: dict) -> Path:
     return path
 
 
-def write_model_files(model: GPT, tokenizer: Path, folder: Path, method: str = "fp32") -> ModelFiles:
-    """The model's weights, config and tokenizer as files in `folder`; `method` names the quantization
-    `model` went through (`gptcore.quantization.METHODS`)."""
+def write_model_files(model: GPT, tokenizer: Path | None, folder: Path, method: str = "fp32") -> ModelFiles:
+    """The model's weights, config and tokenizer (when there is one) as files in `folder`; `method` names
+    the quantization `model` went through (`gptcore.quantization.METHODS`)."""
     import torch
     from safetensors.torch import save_model
 
@@ -92,13 +92,14 @@ def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, 
 
 
 def _with_config(
-    weights: Path, config: ModelConfig, tokenizer: Path, folder: Path, method: str
+    weights: Path, config: ModelConfig, tokenizer: Path | None, folder: Path, method: str
 ) -> ModelFiles:
     """The files beside the weights: the config, a copy of the tokenizer, the quantization's method."""
     config_file = folder / CONFIG
     config_file.write_text(json.dumps(config.model_dump(), indent=2), encoding="utf-8")
     copied = folder / TOKENIZER
-    shutil.copyfile(tokenizer, copied)
+    if tokenizer is not None:  # a model trained on synthetic tokens has none
+        shutil.copyfile(tokenizer, copied)
     quantization = None
     if method != "fp32":
         quantization = folder / QUANTIZATION

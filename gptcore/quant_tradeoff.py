@@ -79,7 +79,7 @@ def measure_tradeoff(
     model: GPT,
     methods: list[str],
     test: TokenStream,
-    tokenizer: Path,
+    tokenizer: Path | None,
     settings: QuantizeConfig,
     prompts: EvaluateConfig,
     folder: Path,
@@ -118,7 +118,7 @@ def _measure(
     model: GPT,
     method: str,
     test: TokenStream,
-    tokenizer: Path,
+    tokenizer: Path | None,
     settings: QuantizeConfig,
     prompt_ids: list[list[int]],
     folder: Path,
@@ -221,3 +221,25 @@ def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
 
 def _number(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+TABLE_JSON = "tradeoff.json"
+TABLE_MARKDOWN = "tradeoff.md"
+
+
+def write_tradeoff(rows: list[TradeoffRow], machine: dict[str, Any], folder: Path) -> list[Path]:
+    """The table as JSON (rows and machine) and as Markdown in `folder`, each written whole or not at all."""
+    from gptcore.atomic_write import write_json_atomic, write_text_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    table = tradeoff_markdown(rows, machine)
+    return [
+        write_json_atomic(folder / TABLE_JSON, {"rows": [row.to_dict() for row in rows], "machine": machine}),
+        write_text_atomic(folder / TABLE_MARKDOWN, f"# Quantization trade-off\n\n{table}\n"),
+    ]
+
+
+def tradeoff_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The rows (as `TradeoffRow.to_dict()` gives them) column by column, as `MlflowClient.log_table` takes
+    a table."""
+    return {key: [row.get(key) for row in rows] for key in (rows or [{}])[0]}

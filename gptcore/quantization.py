@@ -43,6 +43,7 @@ def torchao() -> Any:
         logger.setLevel(logging.ERROR)
     try:
         import torchao as module
+        import torchao.quantization  # the Enum registration torch warns about happens here
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

@@ -159,3 +159,17 @@ def check_tokenizer(
                 f"not {path} ({digest[:12]}...)"
             )
     return size
+
+
+def find_test_tokens(tokenizer: Path, data_root: Path) -> Path | None:
+    """The newest `test.bin` under `data_root/tokens/` made with `tokenizer` (by content sha256), or None:
+    the held-out split a model trained with that tokenizer never saw."""
+    from gptcore.fingerprint import sha256_file
+
+    digest = sha256_file(tokenizer)
+    found = []
+    for path in Path(data_root).glob("tokens/*/test.bin"):
+        manifest = read_manifest(path)
+        if manifest is not None and manifest.split == "test" and manifest.tokenizer_sha256 == digest:
+            found.append(path)
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)

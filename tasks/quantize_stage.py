@@ -9,7 +9,6 @@ from pathlib import Path
 
 from prefect import task
 
-from gptcore.atomic_write import write_json_atomic, write_text_atomic
 from gptcore.config import PipelineParams
 from gptcore.fingerprint import code_version_of, fingerprint
 from tasks.caching import fingerprint_key
@@ -17,8 +16,6 @@ from tasks.stage_results import QuantizeResult, TokensResult, file_record
 from tasks.training_stages import announce, run_directory
 
 log = logging.getLogger(__name__)
-TABLE_JSON = "tradeoff.json"
-TABLE_MARKDOWN = "tradeoff.md"
 # The figures of each measured method that the stage's summary shows (all of them are in the table).
 HEADLINE = ("size_ratio", "test_perplexity_change", "greedy_agreement", "generate_tokens_per_second")
 
@@ -54,7 +51,7 @@ def quantize_task(
     """Each method's quantized model files and its row of the trade-off table."""
     from gptcore.generate import load_model
     from gptcore.model_files import model_files_in
-    from gptcore.quant_tradeoff import measure_tradeoff, tradeoff_markdown
+    from gptcore.quant_tradeoff import measure_tradeoff, tradeoff_markdown, write_tradeoff
     from gptcore.quantization import cpu_features
     from gptcore.tokenfile import open_tokens
 
@@ -71,17 +68,14 @@ def quantize_task(
         device,
     )
     machine = cpu_features()
-    table = tradeoff_markdown(rows, machine)
-    written = [
-        write_json_atomic(folder / TABLE_JSON, {"rows": [row.to_dict() for row in rows], "machine": machine}),
-        write_text_atomic(folder / TABLE_MARKDOWN, f"# Quantization trade-off\n\n{table}\n"),
-    ]
+    written = write_tradeoff(rows, machine, folder)
     model_folders = {row.method: str(folder / row.method) for row in rows if row.measured}
     # The weights guard the cache (a hit whose weights are gone or changed runs again); the stage run
     # logs the .json and .md files of `files`, which are the tables alone this way.
     weights = [model_files_in(Path(place)).weights for place in model_folders.values()]
     _publish_table(rows, params.iteration)
-    announce(f"quantize: the trade-off of {len(rows)} methods in {folder / TABLE_MARKDOWN}\n{table}")
+    table = tradeoff_markdown(rows, machine)
+    announce(f"quantize: the trade-off of {len(rows)} methods in {written[1]}\n{table}")
     figures: dict[str, object] = {}
     for row in rows:
         if not row.measured:

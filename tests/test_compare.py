@@ -80,7 +80,13 @@ def test_the_compare_flow_trains_both_sides_and_logs_the_table(
     assert {a.path for a in session.client.list_artifacts(parent.info.run_id)} >= {
         "comparison.md",
         "comparison.json",
+        "inference.json",
     }
+    # A precision comparison's inference rows: the fp32 side's model in each precision, the same windows.
+    rows = result["inference"]["rows"]
+    assert [row["method"] for row in rows] == ["fp32", "bf16", "int8-weight-only", "int8-dynamic"]
+    assert len({row["test_tokens"] for row in rows}) == 1 and rows[1]["size_ratio"] < 0.6
+    assert "The fp32 side's model in each precision" in out and "| int8-dynamic |" in out
 
 
 def logged_run(session: TrackingSession, params: dict[str, Any], tokens_per_second: float) -> str:

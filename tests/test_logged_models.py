@@ -252,3 +252,32 @@ def test_quantized_models_are_versions_tagged_with_their_method_and_champion_sta
     bf16 = register_quantized(client, experiment, callback.run_id, name, files("bf16"), digest, allowed, True)
     assert (bf16.alias, bf16.champion_test_bits_per_byte) == ("champion", 2.0)
     assert str(client.get_model_version_by_alias(name, "bf16").version) == bf16.model_version
+
+
+def test_gptpipe_quantize_measures_a_registered_model_and_registers_its_quantized_versions(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torchao", reason="the quant extra is not installed")
+    from flows.cli import main
+    from tasks.tracking.registry import register
+
+    session, callback, run = trained
+    register(session.client, session.experiment_id, callback.run_id, "gpt-cli", run / "final.pt", 2.0)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)
+    test = next(run.parent.glob("tokens/*/test.bin"))
+    quantize = ["quantize", "--test-tokens", str(test), "--output", str(tmp_path / "q")]
+    assert main([*quantize, "--model", "models:/gpt-cli@champion", "--methods", "int8-weight-only"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert [row["method"] for row in answer["rows"]] == ["fp32", "int8-weight-only"]
+    assert answer["registered"] == {"int8-weight-only": "models:/gpt-cli/2"}
+    assert (tmp_path / "q" / "tradeoff.md").is_file() and (
+        tmp_path / "q" / "int8-weight-only" / "model.pt"
+    ).is_file()
+    version = session.client.get_model_version_by_alias("gpt-cli", "int8-weight-only")
+    assert version.tags["quantization"] == "int8-weight-only"
+
+    assert main([*quantize, "--model", "models:/gpt-cli@int8-weight-only"]) == 2
+    assert "already int8-weight-only; quantize the fp32 model it came from" in capsys.readouterr().err
+    assert main([*quantize, "--model", "models:/gpt-cli@champion", "--methods", "int4"]) != 0
+    error = capsys.readouterr().err.strip()
+    assert error.endswith("--methods 'int4': expected one of fp32, bf16, int8-weight-only, int8-dynamic")

@@ -20,19 +20,27 @@ class ModelNotFound(GptpipeError):
     exit_code = 1
 
 
+def registered_version(client: Any, uri: str) -> Any:
+    """The registry's version a `models:/NAME@ALIAS` or `models:/NAME/VERSION` URI names; None for any
+    other URI (a logged model's id, a folder)."""
+    if not uri.startswith("models:/"):
+        return None
+    name = uri.removeprefix("models:/").strip("/")
+    if "@" in name:
+        return client.get_model_version_by_alias(*name.split("@", 1))
+    if "/" in name:
+        return client.get_model_version(*name.split("/", 1))
+    return None
+
+
 def artifact_location(client: Any, uri: str) -> str:
     """Where the model a `models:/` URI names is stored (other URIs are returned as they are)."""
     if not uri.startswith("models:/"):
         return uri
-    name = uri.removeprefix("models:/").strip("/")
-    if "@" in name:
-        registered, alias = name.split("@", 1)
-        version = client.get_model_version_by_alias(registered, alias).version
-        return client.get_model_version_download_uri(registered, str(version))
-    if "/" in name:
-        registered, version = name.split("/", 1)
-        return client.get_model_version_download_uri(registered, version)
-    return client.get_logged_model(name).artifact_location
+    version = registered_version(client, uri)
+    if version is not None:
+        return client.get_model_version_download_uri(version.name, str(version.version))
+    return client.get_logged_model(uri.removeprefix("models:/").strip("/")).artifact_location
 
 
 def _not_found(uri: str, target: Any, error: BaseException) -> ModelNotFound:

@@ -141,39 +141,17 @@ class PipelineRecorder:
     def record_quantized(
         self, name: str, result: Any, digest: str, may_hold_champion: bool
     ) -> dict[str, Any]:
-        """The quantize stage's trade-off table on its run (`log_table`), and each quantized model
-        logged and registered as a version of `name` (`registry.register_quantized`); the registration
-        of each method (None for one the store did not answer)."""
-        from gptcore.model_files import model_files_in
-        from gptcore.quant_tradeoff import TradeoffRow
-        from tasks.tracking.registry import register_quantized
+        """The quantize stage's table and models in MLflow (`quantized.record_tradeoff`, each step through
+        the writer): the registration of each quantized method (None where the store did not answer)."""
+        from tasks.tracking.quantized import record_tradeoff
 
         run_id = self.stage_run("quantize")
         if run_id is None:
             return {}
-        client, experiment = self.session.client, self.session.experiment_id
-        columns = {key: [row.get(key) for row in result.rows] for key in (result.rows or [{}])[0]}
-        self.writer.ask("log_table", client.log_table, run_id, columns, "quantization_tradeoff.json")
         self.writer.log_params(run_id, {f"machine.{key}": value for key, value in result.machine.items()})
-        registrations = {}
-        for fields in result.rows:
-            row = TradeoffRow(**fields)
-            if not row.measured or row.method not in result.model_folders or row.method == "fp32":
-                continue  # fp32 is the evaluated checkpoint, registered by the evaluate stage
-            files = model_files_in(Path(result.model_folders[row.method]))
-            registrations[row.method] = self.writer.ask(
-                "register",
-                register_quantized,
-                client,
-                experiment,
-                run_id,
-                name,
-                files,
-                digest,
-                row.metrics(),
-                may_hold_champion,
-            )
-        return registrations
+        client, experiment = self.session.client, self.session.experiment_id
+        arguments = (result.rows, result.model_folders, digest, may_hold_champion)
+        return record_tradeoff(client, experiment, run_id, name, *arguments, call=self.writer.ask)
 
     def producing_run(self, stage: str, fingerprint: str, exclude: str) -> str | None:
         """The latest child run that really ran `stage` with this fingerprint (not a cached one)."""
