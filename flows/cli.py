@@ -43,12 +43,13 @@ def _register_commands() -> None:
     if app.registered_commands:
         return
     from flows.cli_models import export_command, quantize_command, serve_command
-    from flows.cli_pipeline import run
+    from flows.cli_pipeline import run, sweep_command
     from flows.cli_tracking import compare_command, ui_command
     from flows.cli_train import device_command, generate_command, train_command
 
     for name, command in (
         ("run", run),
+        ("sweep", sweep_command),
         ("device", device_command),
         ("train", train_command),
         ("generate", generate_command),

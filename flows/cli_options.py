@@ -5,6 +5,7 @@ Importing this is cheap (no torch, no pydantic): `gptpipe --help` and bad flags 
 
 from __future__ import annotations
 
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -36,3 +37,11 @@ def choice(flag: str, value: str, allowed: Any) -> str:
     if value not in options:
         raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(options)}")
     return value
+
+
+def json_lines_only(asked: bool) -> None:
+    """`--json`: no progress bar, JSON lines alone, also on a terminal (for this process and its children)."""
+    if asked:
+        from gptcore.progress_bar import JSON_ONLY
+
+        os.environ[JSON_ONLY] = "1"

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from flows.cli_options import choice, resolve_params
+from flows.cli_options import choice, json_lines_only, resolve_params
 from flows.train_launch import launch_spec, nproc_value
 from gptcore.config import Device, Precision, TrainingStage
 from gptcore.errors import ConfigError
@@ -61,12 +61,18 @@ def training_callbacks(
     params_file: Path | None = None,
     job_fields: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """The callbacks `gptpipe train` runs with: JSON lines, and with `track` the MLflow run (the store is
+    """The callbacks `gptpipe train` runs with: JSON lines (a progress bar and the summary line alone for a
+    person at a terminal: `gptpipe.progress_bar`), and with `track` the MLflow run (the store is
     checked here, so an unreachable tracking server stops the command before any training), which
     declares the job's token files as its datasets."""
     from gptcore.json_lines import JsonLinesCallback
+    from gptcore.progress_bar import ProgressBar, wants_progress_bar
 
-    callbacks: list[Any] = [JsonLinesCallback()]
+    callbacks: list[Any] = (
+        [ProgressBar(stage), JsonLinesCallback(events=("summary", "failure"))]
+        if wants_progress_bar()
+        else [JsonLinesCallback()]
+    )
     if track:
         from gptcore.records import profile_params
         from tasks.tracking import TrackingSession
@@ -154,8 +160,11 @@ def train_command(
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches"),
     rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="c10d (default) or static"),
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="job id shared by the nodes"),
+    json_only: bool = typer.Option(False, "--json", help="JSON lines only, also on a terminal"),
 ) -> None:
-    """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last."""
+    """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last (on a
+    terminal: a progress bar and the summary line)."""
+    json_lines_only(json_only)
     choice("--stage", stage, TrainingStage)
     for flag, value, allowed in (("--device", device, Device), ("--precision", precision, Precision)):
         if value is not None:

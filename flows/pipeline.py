@@ -13,6 +13,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.cli_options import choice
+from flows.failure_hooks import record_failure
 from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
 from gptcore.config import STAGES, load_params
@@ -22,16 +23,27 @@ from tasks.tracking import PipelineRecorder
 DEFAULT_PARAMS = "params/iteration_1.yaml"
 
 
-@flow(name="end-to-end", log_prints=False, validate_parameters=True)
+@flow(
+    name="end-to-end",
+    log_prints=False,
+    validate_parameters=True,
+    on_failure=[record_failure],  # which stage, why, the latest checkpoint, the command that resumes
+    on_crashed=[record_failure],
+)
 def end_to_end(
-    params_path: str = DEFAULT_PARAMS, overrides: list[str] | None = None, until: str = STAGES[-1]
+    params_path: str = DEFAULT_PARAMS,
+    overrides: list[str] | None = None,
+    until: str = STAGES[-1],
+    trial: dict | None = None,
 ) -> dict:
-    """Corpus to trained checkpoint for one parameter file, redoing only what changed."""
+    """Corpus to trained checkpoint for one parameter file, redoing only what changed. A sweep passes its
+    `trial` ({"parent_run_id", "name", "values"}): the MLflow run is then the trial's, under the sweep's."""
     hide_user_error_tracebacks()
     choice("--until", until, STAGES)
     params = load_params(params_path, list(overrides or []))
     report = PipelineReport(until, title=f"gptpipe iteration {params.iteration}: {Path(params_path).name}")
-    tracking = PipelineRecorder.start(params, Path(params_path), flow_run_id=str(flow_run.get_id() or ""))
+    flow_run_id = str(flow_run.get_id() or "")
+    tracking = PipelineRecorder.start(params, Path(params_path), flow_run_id=flow_run_id, trial=trial)
     report.links.update(tracking.links())
     try:
         tokenizer = report.stage("tokenizer", lambda: stages.tokenizer(params, tracking))

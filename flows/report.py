@@ -70,6 +70,10 @@ class PipelineReport:
             stages.append(stage)
         return {"stages": stages}
 
+    def headline(self) -> dict[str, float]:
+        """The figures a run is compared by (`headline_figures`)."""
+        return headline_figures(self.to_dict())
+
     def print_json(self) -> None:
         sys.stdout.flush()
         print(json.dumps(self.to_dict(), default=str), flush=True)
@@ -92,6 +96,24 @@ class PipelineReport:
             create_markdown_artifact(self.markdown(), key=key, description=self.title)
         except Exception as error:  # the summary artifact is a convenience, never a reason to fail a run
             log.warning("summary artifact not created: %s", error)
+
+
+# The figures a pipeline run is compared by, per stage: logged on the run itself and a sweep's columns.
+HEADLINE = {
+    "evaluate": ("test_bits_per_byte", "test_perplexity"),
+    "full": ("final_val_loss", "tokens_per_second"),
+}
+
+
+def headline_figures(report: dict[str, Any]) -> dict[str, float]:
+    """The headline figures of a report (`PipelineReport.to_dict()`) that its stages produced."""
+    found: dict[str, float] = {}
+    for stage in report.get("stages", []):
+        for name in HEADLINE.get(stage.get("name"), ()):
+            value = stage.get("figures", {}).get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found[name] = float(value)
+    return found
 
 
 def _short(value: Any) -> str:

@@ -235,6 +235,20 @@ class QuantizeConfig(Strict):
         return self
 
 
+class SweepConfig(Strict):
+    """Trials of the pipeline that each override some keys (`gptcore.sweep`): a grid over lists of
+    values, or `random` combinations, where a value may also be a range `low..high` (log-uniform)."""
+
+    grid: dict[str, list[Any] | str] = Field(
+        default_factory=dict, description="key path (as --set takes it) -> its values, or low..high"
+    )
+    random: int | None = Field(default=None, ge=1, description="N random combinations instead of the grid")
+    seed: int = Field(default=0, description="the random combinations' seed")
+    parallel: int | None = Field(
+        default=None, ge=1, description="trials at once on this machine (default: its number of devices)"
+    )
+
+
 class PathsConfig(Strict):
     data_root: str = "data"
     checkpoint_root: str = "checkpoints"
@@ -253,6 +267,7 @@ class PipelineParams(Strict):
     evaluate: EvaluateConfig = EvaluateConfig()
     export: ExportConfig = ExportConfig()
     quantize: QuantizeConfig = QuantizeConfig()
+    sweep: SweepConfig = SweepConfig()
     tracking: TrackingConfig = TrackingConfig()
     paths: PathsConfig = PathsConfig()
 

@@ -34,10 +34,15 @@ def json_line(event: str, payload: dict[str, Any]) -> str:
 
 
 class JsonLinesCallback(TrainingCallback):
-    def __init__(self, stream: TextIO | None = None) -> None:
+    """Every event as a JSON line, or only those in `events` (the summary alone, beside a progress bar)."""
+
+    def __init__(self, stream: TextIO | None = None, events: tuple[str, ...] | None = None) -> None:
         self.stream = stream
+        self.events = events
 
     def _emit(self, event: str, payload: dict[str, Any]) -> None:
+        if self.events is not None and event not in self.events:
+            return
         stream = self.stream or sys.stdout
         stream.write(json_line(event, payload) + "\n")
         stream.flush()

@@ -121,9 +121,12 @@ def _train(
     nproc: int = 1,
 ) -> dict[str, Any]:
     """One gptcore training run, in this process or on `nproc` local processes under torchrun (their
-    events replayed into `callbacks` here); the trainer writes checkpoints into `directory`."""
+    events replayed into `callbacks` here), holding the device's slot (`tasks.device_slot`); the trainer
+    writes checkpoints into `directory`."""
     from gptcore.callbacks import CallbackList
+    from gptcore.progress_bar import ProgressBar, wants_progress_bar
     from gptcore.trainer import TrainJob, train
+    from tasks.device_slot import device_slot
     from tasks.tracking import training_metadata
 
     job = TrainJob.from_params(
@@ -137,9 +140,12 @@ def _train(
         extra_fingerprint={"tokens": tokens.fingerprint},
         metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
     )
-    if nproc == 1:
-        return train(job, CallbackList(callbacks))
-    return _train_launched(job, stage, directory, callbacks, resume, nproc)
+    if wants_progress_bar():
+        callbacks = [*callbacks, ProgressBar(f"{stage} iteration {params.iteration}")]
+    with device_slot(device.runtime["device"], nproc, announce):  # one training per device at a time
+        if nproc == 1:
+            return train(job, CallbackList(callbacks))
+        return _train_launched(job, stage, directory, callbacks, resume, nproc)
 
 
 def _train_launched(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -233,3 +234,38 @@ def test_training_without_tracking_needs_neither_mlflow_nor_prefect(tmp_path: Pa
     result = _without("mlflow,prefect,datasets", *args, "--checkpoint-directory", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
     assert _lines(result.stdout)[-1]["steps"] == 2
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str]:
+    """`gptpipe` with stdout and stderr on a pseudo-terminal, as a person runs it: its exit code, output."""
+    import os
+    import pty
+
+    main_end, terminal = pty.openpty()
+    command = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+    process = subprocess.Popen([*command, *args], stdout=terminal, stderr=terminal, cwd=ROOT)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main_end, 65536)
+        except OSError:  # the terminal closed: the process is done
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main_end)
+    return process.wait(timeout=120), b"".join(chunks).decode(errors="replace")
+
+
+def test_a_terminal_gets_a_progress_bar_and_the_summary_and_json_gets_every_line(tmp_path: Path) -> None:
+    args = ["train", "--params", str(_params(tmp_path)), "--synthetic", "--max-steps", "6", "--no-track"]
+    code, shown = _on_a_terminal(*args, "--checkpoint-directory", str(tmp_path / "bar"))
+    assert code == 0, shown
+    assert "full" in shown and "6/6" in shown and "tokens/s" in shown and "loss " in shown
+    events = re.findall(r'\{"event": "(\w+)"', shown)  # the terminal's control codes may precede a line
+    assert events == ["summary"]  # the records a script wants, without the step lines
+    code, shown = _on_a_terminal(*args, "--checkpoint-directory", str(tmp_path / "json"), "--json")
+    assert code == 0, shown
+    events = re.findall(r'\{"event": "(\w+)"', shown)
+    assert events[0] == "startup" and events[-1] == "summary" and "step" in events and "6/6" not in shown

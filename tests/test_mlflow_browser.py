@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import html
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -19,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from process_support import free_port, stop_process_group
 from tracking_support import fresh_store, tracked_training
 
 from flows.cli_tracking import server_command
@@ -40,12 +38,6 @@ STARTUP = {
     "grad_accum_steps": 1,
     "parameter_count": 99,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_healthy(url: str, process: subprocess.Popen, seconds: float = 120.0) -> None:
@@ -77,12 +69,7 @@ def mlflow_server(target: str) -> Iterator[str]:
         wait_healthy(url, process)
         yield url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process_group(process, grace_seconds=20)
 
 
 @pytest.fixture

@@ -7,9 +7,7 @@ in a temporary folder, so the tests never touch the project's `.prefect/` or the
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -84,41 +82,6 @@ def write_corpus(root: Path, documents: int = 30, seed: int = 0) -> None:
     for index in range(documents):
         lines = (" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(40))
         (folder / f"doc{index:02d}.txt").write_text("\n".join(lines) + "\n")
-
-
-@pytest.fixture(scope="module")
-def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """One temporary Prefect server for the module, its state under a temporary PREFECT_HOME."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
-    }
-    env.pop("PREFECT_API_URL", None)
-    server = subprocess.Popen(
-        [sys.executable, "-c", _SERVER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO
-    )
-    assert server.stdout is not None
-    url = server.stdout.readline().strip()
-    assert url.startswith("http://127.0.0.1:"), url
-    yield {**env, "PREFECT_API_URL": url}
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=20)
-
-
-_SERVER_SCRIPT = """
-import signal, sys, threading
-from prefect.server.api.server import SubprocessASGIServer
-server = SubprocessASGIServer()
-server.start(timeout=60)
-print(server.api_url, flush=True)
-signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(0)))
-threading.Event().wait()
-"""
 
 
 def gptpipe(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -290,6 +253,21 @@ def test_a_smoke_that_diverges_on_validation_stops_the_pipeline_before_full_trai
     record = json.loads(next((tmp_path / "checkpoints").glob("*-smoke-*/smoke.json")).read_text())
     assert not record["gate"]["passed"] and record["optimizer"]["source"] == "smoke"
     assert record["val_losses"][-1] > record["val_losses"][0]
+    # The failure hook: the run's MLflow record says which stage, why, and how to resume.
+    from mlflow import MlflowClient
+
+    client = MlflowClient(prefect_env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("test-pipeline").experiment_id
+    failed = client.search_runs([experiment], "tags.`failure.stage` = 'smoke'")
+    assert len(failed) == 1 and failed[0].data.tags["kind"] == "pipeline"
+    tags = failed[0].data.tags
+    assert tags["failure.reason"].startswith("smoke gate failed: ") and tags["failure.state"] == "Failed"
+    assert tags[
+        "failure.resume"
+    ] == f"gptpipe run --params {params} --set smoke.optimizer.learning_rate=0.5 " + (
+        "--set smoke.optimizer.warmup_steps=1 --until quantize"
+    )
+    assert tags["failure.checkpoint"] == "none"  # no full training yet
 
 
 def _wait_for(find, seconds: float):

@@ -50,13 +50,22 @@ class PipelineRecorder:
 
     @classmethod
     def start(
-        cls, params: Any, params_path: Path, flow_run_id: str = "", root: Path | None = None
+        cls,
+        params: Any,
+        params_path: Path,
+        flow_run_id: str = "",
+        root: Path | None = None,
+        trial: dict[str, Any] | None = None,
     ) -> PipelineRecorder:
-        """Check the store and open the parent run; a TrackingError (before any stage) if unreachable."""
+        """Check the store and open the parent run; a TrackingError (before any stage) if unreachable.
+        A sweep's `trial` ({"parent_run_id", "name", "values"}) makes it a child run of the sweep's run,
+        named for the trial, with each swept key's value as a `sweep.<key>` param."""
         session = TrackingSession.open(params.tracking, root=root)
         params_path = Path(params_path)
         commit = git_commit()
         name = f"iteration-{params.iteration}-{params_path.stem}"
+        if trial:
+            name = f"{trial['name']}-{name}"
         tags = {
             "mlflow.runName": name,
             "prefect.flow_run_id": flow_run_id or None,
@@ -65,7 +74,8 @@ class PipelineRecorder:
             "git_commit": commit,
             "mlflow.source.git.commit": commit,
             "iteration": params.iteration,
-            "kind": "pipeline",
+            "kind": trial.get("kind", "trial") if trial else "pipeline",
+            "mlflow.parentRunId": trial["parent_run_id"] if trial else None,
             **environment_tags(),
         }
         writer = RunWriter(session.client, name="mlflow-pipeline")
@@ -79,6 +89,9 @@ class PipelineRecorder:
         recorder = cls(session, parent, writer, params)
         writer.log_artifact(parent, params_path, "params")
         writer.log_params(parent, profile_params(params))
+        if trial:
+            swept = trial.get("values", {})
+            writer.log_params(parent, {f"sweep.{key}": value for key, value in swept.items()})
         return recorder
 
     def links(self) -> dict[str, str]:
@@ -228,6 +241,9 @@ class PipelineRecorder:
                 self.writer.set_terminated(run_id, "KILLED")
         if report is not None and hasattr(report, "markdown"):
             self.writer.log_text(self.parent_run_id, report.markdown(), "summary.md")
+        if report is not None and hasattr(report, "headline"):
+            figures = report.headline()
+            self.writer.log_metrics(self.parent_run_id, finite_metrics(figures, tuple(figures)), 0)
         self.writer.flush()
         self.writer.set_tags(self.parent_run_id, {"tracking.failed_calls": self.writer.report.failed_calls})
         self.writer.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")

@@ -1,0 +1,197 @@
+"""The `sweep` flow: trials of the pipeline over a grid or a random search (`gptcore.sweep`), recorded
+under one MLflow run.
+
+The data stages run once first (`end_to_end` up to the device check); each trial is then `gptpipe run
+--until evaluate` with its overrides, in a process of its own, so every trial takes the data stages from
+the cache, trains into its own checkpoint directory (its fingerprint differs) and is recorded as a child
+run of the sweep's run with the swept keys as `sweep.<key>` params. Up to `parallel` trials run at once;
+the device's concurrency slot (`tasks.device_slot`) still lets only one of them train on a device at a
+time. Run again, a sweep takes finished trials from the cache and resumes an interrupted one from its
+checkpoint. Each trial's evaluate stage registers its model, so the best one holds `@champion`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from flows.report import headline_figures
+from gptcore.sweep import Trial
+
+GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+TABLE_ARTIFACT = "sweep.json"
+FIGURES = ("test_bits_per_byte", "final_val_loss", "tokens_per_second")  # the table's columns
+
+
+@dataclass
+class TrialResult:
+    trial: Trial
+    state: str = "pending"  # completed, failed
+    figures: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    message: str = ""
+    started: float = 0.0  # wall clock, for reading the trials' overlap
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "trial": self.trial.name,
+            "overrides": self.trial.describe(),
+            **{key: self.figures.get(key) for key in FIGURES},
+            "state": self.state,
+            "seconds": round(self.seconds, 1),
+            "message": self.message,
+        }
+
+
+def run_trial(
+    params_path: str, base: list[str], trial: Trial, parent_run_id: str | None, cancel: threading.Event
+) -> TrialResult:
+    """One trial as `gptpipe run --until evaluate` in a process of its own; its report's figures."""
+    from gptcore.launch import run_process_tree
+
+    result = TrialResult(trial, started=time.time())
+    overrides = [item for assignment in [*base, *trial.overrides()] for item in ("--set", assignment)]
+    description = {"parent_run_id": parent_run_id, "name": trial.name, "values": trial.values}
+    command = [*GPTPIPE, "run", "--params", params_path, *overrides, "--until", "evaluate"]
+    command += ["--trial", json.dumps(description)]
+    lines: list[str] = []
+
+    def relay(line: str) -> None:
+        lines.append(line)
+        if not line.startswith('{"stages"'):
+            print(f"[{trial.name}] {line}", file=sys.stderr, flush=True)
+
+    code = run_process_tree(command, relay, cancel=cancel)
+    result.seconds = time.time() - result.started
+    report = next((json.loads(line) for line in reversed(lines) if line.startswith('{"stages"')), None)
+    result.figures = headline_figures(report) if report else {}
+    result.state = "completed" if code == 0 else "failed"
+    if code != 0:
+        errors = [line for line in lines if line.startswith("error:")]
+        result.message = (errors[-1] if errors else f"exit code {code}")[:300]
+    return result
+
+
+def sweep_table(results: list[TrialResult]) -> str:
+    header = "| trial | overrides | test bits/byte | val loss | tokens/s | state | seconds |"
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    for result in results:
+        row = result.row()
+        cells = " | ".join(_cell(row[key]) for key in FIGURES)
+        state = row["state"] + (f": {row['message']}" if row["message"] else "")
+        lines.append(f"| {row['trial']} | {row['overrides']} | {cells} | {state} | {row['seconds']} |")
+    return "\n".join(lines)
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+@flow(name="sweep", log_prints=False)
+def sweep(
+    params_path: str,
+    overrides: list[str] | None = None,
+    grid: dict[str, Any] | None = None,
+    random: int | None = None,
+    seed: int | None = None,
+    parallel: int | None = None,
+    work_pool: str | None = None,
+) -> dict[str, Any]:
+    """Trials of the pipeline over the parameter file's `sweep:` section, or `grid`/`random`/`seed`
+    given here; the data stages once, then each trial in its own process, `parallel` at a time, or as
+    runs of a deployment on `work_pool` (`flows.sweep_pool`)."""
+    from flows.pipeline import end_to_end
+    from flows.prefect_env import hide_user_error_tracebacks
+    from gptcore.config import load_params
+    from gptcore.sweep import expand, validate_trials, with_options
+
+    hide_user_error_tracebacks()
+    base = list(overrides or [])
+    params = load_params(params_path, base)
+    settings = with_options(params.sweep, grid=grid, random=random, seed=seed, parallel=parallel)
+    trials = expand(settings)
+    validate_trials(Path(params_path), base, trials)  # every trial checked before anything runs
+    session, parent = _open_sweep_run(params, trials, settings)
+    results = [TrialResult(trial) for trial in trials]
+    try:
+        data_run = {"parent_run_id": parent, "name": "data", "kind": "sweep-data"}
+        data = end_to_end(params_path, base, until="device", trial=data_run)
+        if any(stage["state"] == "failed" for stage in data["stages"]):
+            raise RuntimeError("the data stages failed; no trial was started")
+        if work_pool:
+            from flows.sweep_pool import run_trials_on_pool
+
+            where = str(Path(params_path).resolve())  # the workers run from this checkout's folder
+            results = run_trials_on_pool(work_pool, where, base, trials, parent, session)
+        else:
+            results = _run_trials(params_path, base, trials, parent, settings.parallel or _devices())
+    finally:
+        _close_sweep_run(session, parent, results)
+    failed = [result for result in results if result.state != "completed"]
+    summary = {"sweep_run_id": parent, "trials": [result.row() for result in results]}
+    if failed:
+        summary["failed"] = [result.trial.name for result in failed]
+    return summary
+
+
+def _devices() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def _run_trials(
+    params_path: str, base: list[str], trials: list[Trial], parent: str | None, parallel: int
+) -> list[TrialResult]:
+    cancel = threading.Event()
+    with ThreadPoolExecutor(parallel, thread_name_prefix="trial") as pool:
+        futures = [pool.submit(run_trial, params_path, base, trial, parent, cancel) for trial in trials]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            cancel.set()  # Ctrl-C or SIGTERM: every trial's process tree stops
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _open_sweep_run(params: Any, trials: list[Trial], settings: Any) -> tuple[Any, str | None]:
+    from tasks.tracking import TrackingSession
+
+    session = TrackingSession.open(params.tracking)
+    keys = list(settings.grid)
+    run = session.client.create_run(
+        session.experiment_id,
+        run_name=f"sweep-{len(trials)}-trials-{'-'.join(key.split('.')[-1] for key in keys)}",
+        tags={"kind": "sweep", "sweep.keys": ",".join(keys), "sweep.trials": str(len(trials))},
+    )
+    for key, values in settings.grid.items():
+        session.client.log_param(run.info.run_id, f"sweep.{key}", json.dumps(values)[:6000])
+    return session, run.info.run_id
+
+
+def _close_sweep_run(session: Any, parent: str | None, results: list[TrialResult]) -> None:
+    """The table printed, on the sweep's run (`log_table`, `sweep.md`) and as a Prefect table artifact."""
+    table = sweep_table(results)
+    print(f"\n{table}\n", file=sys.stderr, flush=True)
+    rows = [result.row() for result in results]
+    if parent is not None:
+        columns = {key: [row[key] for row in rows] for key in rows[0]} if rows else {}
+        session.client.log_table(parent, columns, TABLE_ARTIFACT)
+        session.client.log_text(parent, f"# Sweep\n\n{table}\n", "sweep.md")
+        done = all(result.state == "completed" for result in results)
+        session.client.set_terminated(parent, "FINISHED" if done else "FAILED")
+    try:
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(rows, key="gptpipe-sweep", description="the sweep's trials and their figures")
+    except Exception as error:  # a convenience, never a reason to fail the sweep
+        print(f"warning: sweep table artifact not created: {error}", file=sys.stderr)

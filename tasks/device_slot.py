@@ -1,0 +1,112 @@
+"""One training per device: every smoke and full training, whether a sweep, `gptpipe run` or a deployment
+started it, holds its device's slot for as long as it trains.
+
+Two locks, taken in this order:
+1. A machine-wide file lock per device (`flock` on `<temp dir>/gptpipe-device-cpu.lock`): trainings on
+   this machine take turns whatever Prefect server they talk to, and the kernel lets go of it when its
+   holder dies, even by `kill -9`.
+2. The Prefect global concurrency limit of the device (`gptpipe-device-cpu`, `gptpipe-device-cuda-<i>`),
+   created on first use with one slot: what the Prefect UI shows, and what keeps trainings on several
+   machines that share one device name apart. A limit someone changed (more slots, inactive) is used as
+   it is.
+
+A holder killed outright leaves its Prefect slot taken until the server's lease expires (60 s, renewed
+while held), and a temporary Prefect server (the one `gptpipe run` starts, which runs no lease reaper)
+keeps it taken for good. So when the server is on loopback, which only this machine's processes reach,
+and this process holds the machine's lock, nobody alive can hold the slot: it is taken back at once. The
+checkpoint directory's lock (`gptcore.run_lock`) stays as a further guard.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from urllib.parse import urlsplit
+
+PREFIX = "gptpipe-device"
+LEASE_SECONDS = 60  # Prefect's shortest; renewed while held: a killed holder's slot returns in a minute
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def device_limit_names(device: str, processes: int = 1) -> list[str]:
+    """The limits a training on `device` with `processes` local processes holds: one per GPU it uses."""
+    if device == "cuda":
+        return [f"{PREFIX}-cuda-{index}" for index in range(processes)]
+    return [f"{PREFIX}-{device}"]
+
+
+@contextmanager
+def device_slot(device: str, processes: int = 1, announce: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold the device's slot for the block; when another training holds it, say so and wait."""
+    from prefect.concurrency.sync import concurrency
+
+    names = device_limit_names(device, processes)
+    waiting = f"waiting for {', '.join(names)}: another training holds the device"
+    with ExitStack() as held:
+        for name in names:
+            held.enter_context(_machine_lock(name, lambda: announce(waiting)))
+        ensure_limits(names, reclaim=_local_server())
+        taken = False
+        try:
+            with concurrency(names, occupy=1, timeout_seconds=0.5, strict=True, lease_duration=LEASE_SECONDS):
+                taken = True
+                yield
+            return
+        except TimeoutError:
+            if taken:
+                raise  # the training's own, not the wait for the slot
+        announce(waiting)  # a holder on another machine that shares this server
+        with concurrency(names, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
+            yield
+
+
+@contextmanager
+def _machine_lock(name: str, on_wait: Callable[[], None]) -> Iterator[None]:
+    """The machine-wide file lock of one device limit; `on_wait` is called when it has to be waited for."""
+    path = Path(tempfile.gettempdir()) / f"{name}.lock"
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")  # who holds it, for a person looking
+            handle.flush()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _local_server() -> bool:
+    """The Prefect API is on loopback: only this machine's processes take its slots."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value() or ""
+    return urlsplit(url).hostname in LOOPBACK
+
+
+def ensure_limits(names: list[str], reclaim: bool = False) -> None:
+    """Create each missing limit with one slot (two processes racing to create one both succeed). With
+    `reclaim` (the caller holds the machine's locks and the server is local), slots still taken are
+    ones their dead holders leaked: they are given back."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                limit = client.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                with suppress(ObjectAlreadyExists):
+                    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+                continue
+            if reclaim and limit.active_slots > 0:
+                client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
