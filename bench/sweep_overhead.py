@@ -1,7 +1,8 @@
 """A 2x2 sweep against the same four trials as separate `gptpipe run`s, back to back on this machine.
 
-Both sides start from built data stages (one untimed `gptpipe run --until tokens` first) and train into
-fresh checkpoint folders and a scratch MLflow store, so neither takes a training from the other's cache.
+Each side has a Prefect home (task cache) and checkpoint folders of its own, and both share a scratch
+MLflow store, so neither takes a stage from the other's cache: each builds the data stages once (the
+sweep up front, the separate runs in the first run) and trains its four trials.
 The trials are iteration 1 with a shortened full training (`--steps`, default 60) and evaluation (the
 test split's first 65,536 tokens) over
 `full.optimizer.learning_rate` x `runtime.batch_size`. Prints each side's wall time and their ratio.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,10 +27,16 @@ GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli import main; sys.ex
 RATES, BATCHES = ("1e-3", "2e-3"), ("4", "8")
 
 
-def gptpipe(*args: str) -> float:
-    """Seconds one `gptpipe` command took; stops the bench when it fails."""
+def gptpipe(home: Path, *args: str) -> float:
+    """Seconds one `gptpipe` command took with its Prefect home (its task cache) in `home`."""
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
+    }
+    env.pop("PREFECT_API_URL", None)  # a temporary server per command, as a person running them gets
     started = time.perf_counter()
-    done = subprocess.run([*GPTPIPE, *args], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run([*GPTPIPE, *args], cwd=REPO, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"gptpipe {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return time.perf_counter() - started
@@ -51,18 +59,20 @@ def main() -> None:
                 "--set", f"tracking.artifact_root={root / 'artifacts'}",
             ]  # fmt: skip
 
-        gptpipe("run", *settings("data"), "--until", "tokens")  # untimed: both sides start from built data
         grid = [
             "--grid",
             f"full.optimizer.learning_rate={','.join(RATES)}",
             "--grid",
             f"runtime.batch_size={','.join(BATCHES)}",
         ]
-        swept = gptpipe("sweep", *settings("sweep"), *grid, "--parallel", str(args.parallel))
+        swept = gptpipe(
+            root / "home-sweep", "sweep", *settings("sweep"), *grid, "--parallel", str(args.parallel)
+        )
         separate = 0.0
         for rate, batch in itertools.product(RATES, BATCHES):
             trial = ["--set", f"full.optimizer.learning_rate={rate}", "--set", f"runtime.batch_size={batch}"]
-            separate += gptpipe("run", *settings(f"run-{rate}-{batch}"), *trial, "--until", "evaluate")
+            side = settings("runs")  # one checkpoint root: the first run's data stages serve the others
+            separate += gptpipe(root / "home-runs", "run", *side, *trial, "--until", "evaluate")
     print(
         json.dumps(
             {
