@@ -19,8 +19,8 @@ def run(
     trial: str | None = typer.Option(None, "--trial", hidden=True, help="a sweep's trial, as JSON"),
     json_only: bool = typer.Option(False, "--json", help="no progress bar, also on a terminal"),
 ) -> None:
-    """Run tokenizer → tokens → device → smoke → full → evaluate → export, taking unchanged stages from
-    the cache."""
+    """Run tokenizer → tokens → device → smoke → full → evaluate → export → quantize, taking unchanged
+    stages from the cache."""
     choice("--until", until, STAGES)
     json_lines_only(json_only)
     params_path, checked = resolve_params(params, iteration, overrides)  # checked before anything starts

@@ -1,5 +1,5 @@
 """The end-to-end flow: tokenizer → token files → device check → smoke training → full training →
-held-out evaluation → exports.
+held-out evaluation → exports → quantization.
 
 Each stage is a cached Prefect task in `tasks/`; this flow only composes them, records each stage's
 state, and publishes the run's summary (a markdown artifact and one final JSON line on stdout).
