@@ -24,7 +24,7 @@ from gptcore.comparison import (
     train_side,
 )
 from gptcore.errors import ConfigError
-from gptcore.quant_tradeoff import tradeoff_columns
+from gptcore.records import table_columns
 
 
 def compare_runs(
@@ -50,7 +50,7 @@ def compare_runs(
         markdown = f"# Comparison on {axis}\n\n{result['table']}\n"
         if inference is not None:
             markdown += f"\n## The fp32 side's model in each precision\n\n{inference['table']}\n"
-            session.client.log_table(parent_run_id, tradeoff_columns(inference["rows"]), "inference.json")
+            session.client.log_table(parent_run_id, table_columns(inference["rows"]), "inference.json")
         session.client.log_text(parent_run_id, markdown, "comparison.md")
         session.client.log_dict(parent_run_id, result, "comparison.json")
     return result

@@ -24,6 +24,7 @@ from typing import Any
 from prefect import flow
 
 from flows.report import headline_figures
+from gptcore.records import table_columns
 from gptcore.sweep import Trial
 
 GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -38,7 +39,6 @@ class TrialResult:
     figures: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     message: str = ""
-    started: float = 0.0  # wall clock, for reading the trials' overlap
 
     def row(self) -> dict[str, Any]:
         return {
@@ -57,7 +57,8 @@ def run_trial(
     """One trial as `gptpipe run --until evaluate` in a process of its own; its report's figures."""
     from gptcore.launch import run_process_tree
 
-    result = TrialResult(trial, started=time.time())
+    started = time.time()
+    result = TrialResult(trial)
     overrides = [item for assignment in [*base, *trial.overrides()] for item in ("--set", assignment)]
     description = {"parent_run_id": parent_run_id, "name": trial.name, "values": trial.values}
     command = [*GPTPIPE, "run", "--params", params_path, *overrides, "--until", "evaluate"]
@@ -70,7 +71,7 @@ def run_trial(
             print(f"[{trial.name}] {line}", file=sys.stderr, flush=True)
 
     code = run_process_tree(command, relay, cancel=cancel)
-    result.seconds = time.time() - result.started
+    result.seconds = time.time() - started
     report = next((json.loads(line) for line in reversed(lines) if line.startswith('{"stages"')), None)
     result.figures = headline_figures(report) if report else {}
     result.state = "completed" if code == 0 else "failed"
@@ -184,8 +185,7 @@ def _close_sweep_run(session: Any, parent: str | None, results: list[TrialResult
     print(f"\n{table}\n", file=sys.stderr, flush=True)
     rows = [result.row() for result in results]
     if parent is not None:
-        columns = {key: [row[key] for row in rows] for key in rows[0]} if rows else {}
-        session.client.log_table(parent, columns, TABLE_ARTIFACT)
+        session.client.log_table(parent, table_columns(rows), TABLE_ARTIFACT)
         session.client.log_text(parent, f"# Sweep\n\n{table}\n", "sweep.md")
         done = all(result.state == "completed" for result in results)
         session.client.set_terminated(parent, "FINISHED" if done else "FAILED")

@@ -76,7 +76,7 @@ def _wait(trial: Trial, run_id: Any, started: float, parent: str | None, session
             if run.state is not None and run.state.type.value in FINAL:
                 break
             time.sleep(POLL_SECONDS)
-    result = TrialResult(trial, started=started, seconds=time.time() - started)
+    result = TrialResult(trial, seconds=time.time() - started)
     result.state = "completed" if run.state.type.value == "COMPLETED" else "failed"
     if result.state == "failed":
         result.message = (run.state.message or run.state.name).strip().splitlines()[0][:300]

@@ -237,9 +237,3 @@ def write_tradeoff(rows: list[TradeoffRow], machine: dict[str, Any], folder: Pat
         write_json_atomic(folder / TABLE_JSON, {"rows": [row.to_dict() for row in rows], "machine": machine}),
         write_text_atomic(folder / TABLE_MARKDOWN, f"# Quantization trade-off\n\n{table}\n"),
     ]
-
-
-def tradeoff_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The rows (as `TradeoffRow.to_dict()` gives them) column by column, as `MlflowClient.log_table` takes
-    a table."""
-    return {key: [row.get(key) for row in rows] for key in (rows or [{}])[0]}

@@ -213,3 +213,8 @@ def finite_metrics(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, 
         if math.isfinite(value):
             chosen[name] = float(value)
     return chosen
+
+
+def table_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Rows (dicts with the same keys) column by column, as `MlflowClient.log_table` takes a table."""
+    return {key: [row.get(key) for row in rows] for key in (rows or [{}])[0]}

@@ -155,9 +155,7 @@ def export(
     tracking: PipelineRecorder,
 ) -> StageOutcome:
     if not params.export.hf:
-        outcome = StageOutcome("export", "skipped", message="export.hf is off in the parameter file")
-        tracking.record_stage(outcome)
-        return outcome
+        return _skipped("export", "export.hf is off in the parameter file", tracking)
     checkpoint = Path(evaluate.result.checkpoint)
     digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
     outcome = run_cached(
@@ -182,10 +180,7 @@ def quantize(
     tracking: PipelineRecorder,
 ) -> StageOutcome:
     if not params.quantize.methods:
-        message = "quantize.methods is empty in the parameter file"
-        outcome = StageOutcome("quantize", "skipped", message=message)
-        tracking.record_stage(outcome)
-        return outcome
+        return _skipped("quantize", "quantize.methods is empty in the parameter file", tracking)
     checkpoint = Path(evaluate.result.checkpoint)
     digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
     where = device.result.runtime["device"]
@@ -209,5 +204,12 @@ def quantize(
                 figures[f"{method}/model_version"] = registration.model_version
                 figures[f"{method}/alias"] = registration.alias
         outcome.result = outcome.result.model_copy(update={"figures": figures})
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def _skipped(name: str, reason: str, tracking: PipelineRecorder) -> StageOutcome:
+    """A stage the parameter file turns off: skipped with the reason, recorded as such."""
+    outcome = StageOutcome(name, "skipped", message=reason)
     tracking.record_stage(outcome)
     return outcome

@@ -33,11 +33,12 @@ def record_tradeoff(
     Each MLflow step goes through `call(what, function, *args)`: the pipeline passes its writer's `ask`,
     so every step is bounded in time and a store that stops answering is noted, not waited for."""
     from gptcore.model_files import model_files_in
-    from gptcore.quant_tradeoff import TradeoffRow, tradeoff_columns
+    from gptcore.quant_tradeoff import TradeoffRow
     from gptcore.quantization import REFERENCE
+    from gptcore.records import table_columns
     from tasks.tracking.registry import register_quantized
 
-    call("log_table", client.log_table, run_id, tradeoff_columns(rows), TABLE_ARTIFACT)
+    call("log_table", client.log_table, run_id, table_columns(rows), TABLE_ARTIFACT)
     registrations = {}
     for row in (TradeoffRow(**fields) for fields in rows):
         if row.measured and row.method != REFERENCE and row.method in model_folders:
