@@ -3,6 +3,8 @@
 # each part under its own timeout. Parts: the device report; gpt_100m bf16 at the profile's GPU defaults
 # (tokens/s, MFU against the H200's 989 TFLOP/s dense bf16 peak, peak memory against the estimate,
 # checkpoint save seconds); gpt_100m fp16 with the grad scaler; gpt_100m fp32 with TF32; gpt_42m bf16;
+# gpt_100m bf16 with `--batch-size auto` (the probe: doubling, bisection, 10% margin) and with activation
+# checkpointing (its training peak against the bf16 part's; each estimate against max_memory_allocated);
 # iteration 1's bounded CPU-versus-CUDA comparison (`gptpipe compare --no-track`, same controls); a
 # deliberately too-large batch showing the out-of-memory response (exit 1, one line, no traceback).
 # Every training is the real `gptpipe train` on a synthetic stream.
@@ -79,15 +81,21 @@ train() {  # train NAME LIMIT ARGS...: a bounded `gptpipe train` on a synthetic 
 "$PY" -c 'import flows.cli, flows.cli_train, flows.cli_tracking, gptcore.trainer, gptcore.comparison' \
   || { echo "error: the check's imports fail with $PY (PYTHONPATH=$PYTHONPATH)" >&2; exit 1; }
 
-part device device 45 device --device "$DEVICE" --json
-# gpt_100m at the profile's GPU defaults (bf16, batch 32 x accumulation 4): 30 optimizer steps.
-train bf16_100m 100 --iteration 3 --precision bf16 --max-steps 30 --training-examples 4096
+part device device 30 device --device "$DEVICE" --json
+# gpt_100m at the profile's GPU defaults (bf16, batch 32 x accumulation 4): 20 optimizer steps.
+train bf16_100m 80 --iteration 3 --precision bf16 --max-steps 20 --training-examples 4096
 # fp16 with the grad scaler, and fp32 with TF32 tensor cores: fewer steps, no accumulation.
-train fp16_100m 60 --iteration 3 --precision fp16 --max-steps 15 --grad-accum 1
-train fp32_tf32_100m 75 --iteration 3 --precision fp32 --max-steps 15 --grad-accum 1
+train fp16_100m 45 --iteration 3 --precision fp16 --max-steps 10 --grad-accum 1
+train fp32_tf32_100m 55 --iteration 3 --precision fp32 --max-steps 10 --grad-accum 1
 # gpt_42m (iteration 2) at its GPU defaults.
-train bf16_42m 60 --iteration 2 --precision bf16 --max-steps 30 --training-examples 4096
-part compare compare_iteration_1 60 compare --iteration 1 --no-track "${COMPARE[@]}"
+train bf16_42m 45 --iteration 2 --precision bf16 --max-steps 20 --training-examples 4096
+# The largest batch that fits, probed (the dry run estimates it on the CPU instead), then a few steps.
+if [[ $DRY -eq 1 ]]; then PROBE=(--dry-run --batch-size auto); else PROBE=(--batch-size auto --max-steps 3); fi
+part train probe_100m 75 train --device "$DEVICE" --synthetic --no-track --iteration 3 --precision bf16 \
+  --grad-accum 1 --training-examples 8192 --checkpoint-directory "$WORK/checkpoints/probe" "${PROBE[@]}"
+# Activation checkpointing at bf16_100m's batch: its training peak and step time against that part's.
+train ckpt_100m 50 --iteration 3 --precision bf16 --max-steps 5 --training-examples 4096 --activation-checkpointing
+part compare compare_iteration_1 50 compare --iteration 1 --no-track "${COMPARE[@]}"
 if [[ $DRY -eq 1 ]]; then  # the CPU cannot be filled safely: the same command, resolved and estimated only
   part train oom_dry 45 train --device cpu --synthetic --no-track --iteration 3 --precision bf16 \
     --dry-run --batch-size 2048 --grad-accum 1

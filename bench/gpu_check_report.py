@@ -39,13 +39,15 @@ def read_train(stdout: str) -> dict[str, Any]:
     start = next((r for r in records if r.get("event") == "startup"), {})
     end = next((r for r in records if r.get("event") == "summary"), {})
     keys = ("gpu_name", "device", "precision", "batch_size", "grad_accum_steps", "parameter_count")
-    figures = {k: start.get(k) for k in (*keys, "fused_adamw", "tf32_enabled")}
+    extra = ("fused_adamw", "tf32_enabled", "activation_checkpointing", "batch_size_source", "batch_probe")
+    figures = {k: start.get(k) for k in (*keys, *extra)}
     for key in (
         "steps",
         "tokens_per_second",
         "mfu",
         "peak_flops",
         "peak_memory_bytes",
+        "training_peak_memory_bytes",
         "estimated_peak_memory_bytes",
         "checkpoint_save_seconds",
         "final_train_loss",
@@ -89,21 +91,34 @@ def line_for(kind: str, part: str, figures: dict[str, Any], rc: int) -> str:
         if figures.get("dry_run"):
             return (
                 f"{part}: dry run, {figures['device']} {figures['precision']} batch {figures['batch_size']}x"
-                f"{figures['grad_accum_steps']}: estimated peak memory"
-                f" {(figures['estimated_peak_memory_bytes'] or 0) / GIB:.2f} GiB"
+                f"{figures['grad_accum_steps']} ({figures.get('batch_size_source') or 'configured'}):"
+                f" estimated peak memory {(figures['estimated_peak_memory_bytes'] or 0) / GIB:.2f} GiB"
             )
+        measured = figures.get("training_peak_memory_bytes") or figures["peak_memory_bytes"] or 0
+        estimate = figures["estimated_peak_memory_bytes"] or 0
         return (
             f"{part}: {figures['device']} {figures['precision']} batch {figures['batch_size']}x"
-            f"{figures['grad_accum_steps']} steps {figures['steps']}:"
-            f" {figures['tokens_per_second']:,.0f} tokens/s,"
+            f"{figures['grad_accum_steps']} ({figures.get('batch_size_source') or 'configured'}"
+            f"{', activation checkpointing' if figures.get('activation_checkpointing') else ''})"
+            f" steps {figures['steps']}: {figures['tokens_per_second']:,.0f} tokens/s,"
             f" MFU {figures['mfu'] or 0:.3f} of {(figures['peak_flops'] or 0) / 1e12:.1f} TFLOP/s,"
-            f" peak memory {(figures['peak_memory_bytes'] or 0) / GIB:.2f} GiB"
-            f" (estimated {(figures['estimated_peak_memory_bytes'] or 0) / GIB:.2f}),"
+            f" training peak memory {measured / GIB:.2f} GiB (estimated {estimate / GIB:.2f},"
+            f" estimate/measured {estimate / measured if measured else 0:.2f}),"
             f" checkpoint save {figures['checkpoint_save_seconds'] or 0:.2f} s"
+            + _probe(figures.get("batch_probe"))
         )
     if kind == "compare":
         return f"{part}: axis {figures.get('axis')}\n{figures.get('table')}"
     return f"{part}: handled={figures['handled']} exit {rc}: {figures['error_line']}"
+
+
+def _probe(probe: dict[str, Any] | None) -> str:
+    """The batch probe's figures, where `--batch-size auto` decided the batch."""
+    if not probe:
+        return ""
+    tried = " ".join(f"{size}{'+' if ok else '-'}" for size, ok in probe.get("tried", []))
+    largest = probe.get("largest_that_ran", probe.get("largest_fitting"))
+    return f"; batch probe: largest {largest}, margin {probe.get('margin')}, tried {tried}"
 
 
 def record(out: Path, kind: str, part: str, stdout: str, stderr: str, rc: int, expected: str) -> bool:

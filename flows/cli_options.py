@@ -39,6 +39,15 @@ def choice(flag: str, value: str, allowed: Any) -> str:
     return value
 
 
+def batch_size_value(text: str | None) -> int | str | None:
+    """`--batch-size`: a whole number of at least 1, or `auto` (the largest that fits)."""
+    if text is None or text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--batch-size {text!r}: expected a whole number of at least 1, or auto")
+    return int(text)
+
+
 def json_lines_only(asked: bool) -> None:
     """`--json`: no progress bar, JSON lines alone, also on a terminal (for this process and its children)."""
     if asked:

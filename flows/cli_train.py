@@ -13,14 +13,14 @@ from typing import Any
 
 import typer
 
-from flows.cli_options import choice, json_lines_only, resolve_params
+from flows.cli_options import batch_size_value, choice, json_lines_only, resolve_params
 from flows.train_launch import launch_spec, nproc_value
 from gptcore.config import Device, Precision, TrainingStage
 from gptcore.errors import ConfigError
 
 
 def device_command(
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or mps"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object instead of a table"),
 ) -> None:
     """Verify the environment: torch, CUDA, the device a run takes, bf16, TF32, fused AdamW."""
@@ -41,6 +41,8 @@ def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
         "precision": "precision",
         "batch_size": "batch_size",
         "grad_accum": "grad_accum_steps",
+        "effective_batch_size": "effective_batch_size",
+        "activation_checkpointing": "activation_checkpointing",
         "workers": "workers",
         "compile": "compile",
         "nproc": "nproc",
@@ -131,10 +133,18 @@ def train_command(
     params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
     set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value (repeatable)"),
     stage: str = typer.Option("full", "--stage", help="which training section: smoke or full"),
-    device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda"),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or mps"),
     precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16"),
-    batch_size: int | None = typer.Option(None, "--batch-size", min=1),
+    batch_size: str | None = typer.Option(
+        None, "--batch-size", help="per micro-step, or auto: the largest that fits (probed on CUDA)"
+    ),
     grad_accum: int | None = typer.Option(None, "--grad-accum", min=1),
+    effective_batch_size: int | None = typer.Option(
+        None, "--effective-batch-size", min=1, help="samples per optimizer step: sets --grad-accum"
+    ),
+    activation_checkpointing: bool = typer.Option(
+        False, "--activation-checkpointing", help="recompute each block in the backward pass: less memory"
+    ),
     epochs: int | None = typer.Option(None, "--epochs", min=1),
     max_steps: int | None = typer.Option(None, "--max-steps", min=1),
     training_examples: int | None = typer.Option(None, "--training-examples", min=1),
@@ -172,8 +182,10 @@ def train_command(
     flags = dict(
         device=device,
         precision=precision,
-        batch_size=batch_size,
+        batch_size=batch_size_value(batch_size),
         grad_accum=grad_accum,
+        effective_batch_size=effective_batch_size,
+        activation_checkpointing=activation_checkpointing,
         workers=workers,
         compile=compile_,
         epochs=epochs,

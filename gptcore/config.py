@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -18,9 +18,11 @@ from gptcore.errors import ConfigError
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
 PROFILES_DIR = PARAMS_DIR / "profiles"
 
-Device = Literal["auto", "cpu", "cuda"]
+Device = Literal["auto", "cpu", "cuda", "mps"]
+ConcreteDevice = Literal["cpu", "cuda", "mps"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 ConcretePrecision = Literal["fp32", "bf16", "fp16"]
+PositiveInt = Annotated[int, Field(ge=1)]
 TrainingStage = Literal["smoke", "full"]
 STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export", "quantize")
 
@@ -114,13 +116,31 @@ class RuntimeConfig(Strict):
 
     device: Device = "auto"
     precision: Precision = "auto"
-    batch_size: int | None = Field(default=None, ge=1)
+    batch_size: PositiveInt | Literal["auto"] | None = Field(
+        default=None, description="per rank and micro-step; auto: the largest that fits (gptcore.batch_size)"
+    )
     grad_accum_steps: int | None = Field(default=None, ge=1)
+    effective_batch_size: int | None = Field(
+        default=None, ge=1, description="samples per optimizer step; sets the accumulation for the batch"
+    )
     workers: int | None = Field(default=None, ge=0)
     nproc: int | Literal["auto"] = 1
     compile: bool = Field(default=False, description="torch.compile the model (needs a C compiler)")
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="recompute each transformer block in the backward pass: less memory, more compute",
+    )
     cpu: DeviceDefaults | None = None
     gpu: DeviceDefaults | None = None
+
+    @model_validator(mode="after")
+    def _effective_batch_divides(self) -> RuntimeConfig:
+        batch, effective = self.batch_size, self.effective_batch_size
+        if isinstance(batch, int) and effective is not None and effective % batch:
+            raise ValueError(
+                f"runtime.effective_batch_size {effective} is not a multiple of runtime.batch_size {batch}"
+            )
+        return self
 
 
 class OptimizerConfig(Strict):
@@ -292,9 +312,10 @@ class PipelineParams(Strict):
         """Whose optimizer settings the smoke run trains with."""
         return "smoke" if self.smoke.optimizer is not None else "full"
 
-    def defaults_for(self, device: Literal["cpu", "cuda"]) -> DeviceDefaults:
-        """The runtime defaults for a resolved device: the parameter file's, else the profile's."""
-        if device == "cuda":
+    def defaults_for(self, device: ConcreteDevice) -> DeviceDefaults:
+        """The runtime defaults for a resolved device: the parameter file's, else the profile's (an
+        accelerator, CUDA or Apple's MPS, takes the `gpu` ones)."""
+        if device != "cpu":
             return self.runtime.gpu or self.model.gpu
         return self.runtime.cpu or self.model.cpu
 

@@ -243,3 +243,12 @@ def rank_range(count: int, world_size: int, rank: int) -> range:
     base, extra = divmod(count, world_size)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
+
+
+def agree_on_min(value: int, device: str = "cpu") -> int:
+    """The smallest of every rank's `value` (a batch size each rank found to fit), the same on all."""
+    if not _active():
+        return value
+    smallest = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+    return int(smallest.item())

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -119,22 +118,6 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-
-
-def out_of_memory_advice(
-    device: str, batch_size: int, grad_accum_steps: int, global_batch: int, estimate: int, last: Path | None
-) -> str:
-    """What to do after running out of memory: half the batch, twice the accumulation (the same
-    effective batch), resuming from the checkpoint that is kept when there is one."""
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    kept = f"the last checkpoint {last} is kept: add --resume to continue from it, or use a fresh "
-    return (
-        f"out of memory on {device} at batch size {batch_size} (estimated peak {estimate / 2**30:.1f} GiB): "
-        f"rerun with --batch-size {max(1, batch_size // 2)} --grad-accum {grad_accum_steps * 2} to keep the "
-        f"effective batch of {global_batch}; "
-        + (kept + "--checkpoint-directory" if last else "no checkpoint had been written yet")
-    )
 
 
 def kept_checkpoint(last_checkpoint: str | None) -> str:

@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from gptcore.config import ModelConfig
 from gptcore.cross_entropy import cross_entropy
@@ -70,6 +71,9 @@ class Block(nn.Module):
 
 
 INIT_STD = 0.02  # GPT-2's initial standard deviation of every weight matrix and embedding
+# With activation checkpointing the output head and loss run over this many tokens at a time, each
+# piece recomputed in the backward pass, so a batch's whole tokens x vocabulary logits never exist.
+LOSS_CHUNK_TOKENS = 512
 
 
 class GPT(nn.Module):
@@ -87,6 +91,10 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input and output embeddings
+        # Recompute each block in the backward pass instead of keeping its activations (a runtime
+        # choice, not the architecture's: the same weights and losses, less memory, about a third
+        # more compute).
+        self.activation_checkpointing = False
         self.apply(self._init_weights)
         # GPT-2's scaled init: each residual projection adds to the stream 2 * n_layer times.
         residual_std = INIT_STD / math.sqrt(2 * config.n_layer)
@@ -115,10 +123,11 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits for every position with the mean cross-entropy when targets are given; else the
         logits of the last position only (all generation needs). With a `cache`, `idx` holds the
-        positions after the cached ones, whose keys and values are stored there too."""
+        positions after the cached ones, whose keys and values are stored there too. Training with
+        activation checkpointing returns the loss alone (None for the logits, never made whole)."""
         length = idx.shape[1]
         start = cache.length if cache is not None else 0
         if cache is not None:
@@ -127,16 +136,34 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {length} tokens exceeds block_size {self.config.block_size}")
         positions = torch.arange(start, start + length, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+        recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for index, block in enumerate(self.transformer.h):
-            x = block(x, cache.layers[index] if cache is not None else None)
+            if recompute:  # non-reentrant: keeps the RNG state, so dropout masks replay exactly
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x, cache.layers[index] if cache is not None else None)
         if cache is not None:
             cache.advance(length)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, -1:, :]), None
+        if recompute:
+            return None, self._chunked_loss(x.view(-1, x.size(-1)), targets.reshape(-1))
         logits = self.lm_head(x)
         loss = cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def _chunked_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy over `LOSS_CHUNK_TOKENS`-token pieces, each piece's logits recomputed
+        in the backward pass: one piece's logits alive at a time instead of the batch's."""
+        total = x.new_zeros((), dtype=torch.float32)
+        for start in range(0, targets.numel(), LOSS_CHUNK_TOKENS):
+            piece = slice(start, start + LOSS_CHUNK_TOKENS)
+            total = total + checkpoint(self._summed_loss, x[piece], targets[piece], use_reentrant=False)
+        return total / targets.numel()
+
+    def _summed_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(self.lm_head(x), targets) * targets.numel()
 
 
 def optimizer_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Figures: FLOPs per token and MFU, the memory estimate, peak memory, steady-state throughput.
+"""Figures: FLOPs per token and MFU, steady-state throughput, and the memory estimate a run is judged by.
 
 MFU = achieved model FLOP/s / peak FLOP/s. Model FLOPs per token follow the PaLM appendix (as nanoGPT
 does): 6·N for the matmul weights (forward and backward) plus 12·L·T·d for attention scores and
@@ -11,17 +11,14 @@ square plus the model's own GEMM shapes (`model_matmul_shapes`) in the CPU bench
 
 from __future__ import annotations
 
-import contextlib
-import resource
-import sys
 import time
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 
 from gptcore.config import ModelConfig
+from gptcore.memory import estimate_memory
 
 FLOP_FORMULA = "6*N_matmul + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT)"
 
@@ -119,59 +116,8 @@ def peak_flops(
 def _synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def estimate_memory(config: ModelConfig, parameters: int, batch_size: int, precision: str) -> dict[str, int]:
-    """Bytes at the peak of a training step. Weights stay fp32 under autocast (AdamW's master copy);
-    gradients fp32; AdamW holds two fp32 moments. Activations per layer and token follow Korthikanti
-    et al. (34·d bytes in 16-bit, no attention-score term with flash/SDPA kernels), doubled in fp32;
-    the logits add batch·T·V at the activation width plus fp32 softmax gradients."""
-    width = 2 if precision in ("bf16", "fp16") else 4
-    tokens = batch_size * config.block_size
-    weights = 4 * parameters
-    per_layer = tokens * config.n_embd * 17 * width  # 34·d bytes at 2 bytes per value
-    logits = tokens * config.vocab_size * (width + 4 + 4)
-    embeddings = tokens * config.n_embd * 4 * 2
-    activations = config.n_layer * per_layer + logits + embeddings
-    if precision != "fp32":
-        weights += 2 * parameters  # autocast keeps a 16-bit copy of the weights for the step
-    total = weights + 4 * parameters + 8 * parameters + activations
-    return {
-        "weights": weights,
-        "gradients": 4 * parameters,
-        "optimizer": 8 * parameters,
-        "activations": activations,
-        "total": total,
-    }
-
-
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-_STATUS = Path("/proc/self/status")
-
-
-def reset_peak_memory(device: str) -> None:
-    """Start a new peak: CUDA's allocator statistics; on Linux the process's peak resident set (writing 5
-    to clear_refs sets it to the resident set now)."""
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        return
-    with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak stays the process's life
-        _CLEAR_REFS.write_text("5")
-
-
-def peak_memory_bytes(device: str) -> int:
-    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident set since
-    the last reset on Linux (VmHWM), else over the process's whole life."""
-    if device == "cuda":
-        return int(torch.cuda.max_memory_allocated())
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
+    elif device == "mps":
+        torch.mps.synchronize()
 
 
 @dataclass
@@ -249,6 +195,8 @@ class RunMeasures:
         tf32: bool,
         batch_size: int,
         world_size: int = 1,
+        activation_checkpointing: bool = False,
+        grad_accum_steps: int = 1,
     ) -> RunMeasures:
         """Measured for `model` (a GPT) at this batch size; the CPU peak takes about 0.1 s to measure."""
         shapes = model_matmul_shapes(config, batch_size * config.block_size)
@@ -259,7 +207,15 @@ class RunMeasures:
             flops_per_token(config, model.matmul_parameter_count()),
             peak,
             source,
-            estimate_memory(config, model.parameter_count(), batch_size, precision),
+            estimate_memory(
+                config,
+                model.parameter_count(),
+                batch_size,
+                precision,
+                activation_checkpointing,
+                grad_accum_steps,
+                device,
+            ),
         )
 
     @property

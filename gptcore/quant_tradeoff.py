@@ -28,9 +28,9 @@ from gptcore.config import EvaluateConfig, QuantizeConfig
 from gptcore.generate import sample
 from gptcore.held_out import held_out_prompts, stream_bits_per_byte, summed_nats
 from gptcore.kv_cache import KVCache
+from gptcore.memory import peak_memory_bytes, reset_peak_memory
 from gptcore.model import GPT
 from gptcore.model_files import write_model_files
-from gptcore.performance import peak_memory_bytes, reset_peak_memory
 from gptcore.quantization import REFERENCE, quantized, unavailable, weight_bytes
 from gptcore.tokenfile import TokenStream
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gptcore.batch_size import BatchChoice
 from gptcore.callbacks import CallbackList, TrainingCallback
 from gptcore.config import (
     DeviceDefaults,
@@ -74,6 +76,7 @@ def save_job(job: TrainJob, folder: Path) -> Path:
         "training": _section(job.training),
         "schedule": _section(job.schedule),
         "schedule_world_size": job.schedule_world_size,
+        "batch": asdict(job.batch) if job.batch else None,
         "train_tokens": _source(job.train_tokens, folder, "train"),
         "validation_tokens": _source(job.validation_tokens, folder, "validation"),
         "checkpoint_directory": str(job.checkpoint_directory) if job.checkpoint_directory else None,
@@ -106,6 +109,7 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
         training=_load_section(data["training"]),
         schedule=_load_section(data["schedule"]),
         schedule_world_size=data["schedule_world_size"],
+        batch=BatchChoice(**data["batch"]) if data.get("batch") else None,
         train_tokens=_load_source(data["train_tokens"]),
         validation_tokens=_load_source(data["validation_tokens"]),
         checkpoint_directory=Path(directory) if directory else None,

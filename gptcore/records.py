@@ -78,12 +78,16 @@ class StartupRecord(Record):
     precision: str = param()
     batch_size: int = param()  # per rank and micro-step
     grad_accum_steps: int = param()
+    batch_size_source: str = param()  # configured, probed (CUDA) or estimated (batch_size: auto)
+    effective_batch_target: int | None = context()  # runtime.effective_batch_size, when asked for
+    batch_probe: dict[str, Any] = field(default_factory=dict)  # how `auto` decided: sizes tried, budget
     workers: int = param()
     fused_adamw: bool = param()
     tf32_enabled: bool = param()
     tensor_cores_enabled: bool = param()
     pin_memory: bool = context()
     compile: bool = context()
+    activation_checkpointing: bool = param()
     cpu_threads: int = context()
     precision_source: str = context()
     host_allocator: str = context()
@@ -165,7 +169,9 @@ class SummaryRecord(Record):
     steps_per_second: float = context(headline=True)
     mfu: float | None = context(headline=True)
     peak_flops: float = context()
-    peak_memory_bytes: int = metric(headline=True)
+    peak_memory_bytes: int = metric(headline=True)  # the process's peak (CPU: imports, earlier stages)
+    training_peak_memory_bytes: int | None = metric(headline=True)  # the training's own (gptcore.memory)
+    training_peak_memory_source: str = context()  # how it was measured, or why it could not be
     estimated_peak_memory_bytes: int = metric(headline=True)
     final_train_loss: float | None = metric(headline=True)
     final_val_loss: float | None = metric(headline=True)

@@ -6,16 +6,26 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from gptcore.batch_size import (
+    BatchChoice,
+    accumulation,
+    estimated_choice,
+    memory_budget,
+    probe_step,
+    probed_choice,
+)
 from gptcore.batches import ExampleSet, StepPlan, open_examples
 from gptcore.config import TrainingConfig
+from gptcore.distributed import agree_on_min
 from gptcore.errors import ConfigError, DataError
-from gptcore.model import optimizer_groups
+from gptcore.model import GPT, optimizer_groups
 from gptcore.runtime import Runtime
 from gptcore.schedule import WarmupCosine
 from gptcore.tokenfile import TokenStream
@@ -137,3 +147,38 @@ def _stream_identity(source: Path | TokenStream | None) -> str | None:
     if isinstance(source, TokenStream):
         return source.manifest.sha256 if source.manifest else f"{source.path.name}:{len(source)} tokens"
     return f"{Path(source).name}:{Path(source).stat().st_size} bytes"
+
+
+def choose_batch(job: TrainJob, runtime: Runtime, model: GPT, held: int) -> BatchChoice:
+    """The batch this run trains with: one decided before (the smoke stage's, for full training), the
+    configured one, or with `batch_size: auto` the largest that fits (probed on CUDA, estimated
+    elsewhere), the same on every rank. `held`: bytes the run holds already (its weights)."""
+    effective, configured_accum = runtime.effective_batch_target, runtime.grad_accum_steps
+    if job.batch is not None:  # its accumulation follows this run's ranks
+        accum = accumulation(effective, job.batch.batch_size, job.world_size, job.batch.grad_accum_steps)
+        return replace(job.batch, grad_accum_steps=accum)
+    if runtime.batch_size_source != "auto":
+        accum = accumulation(effective, runtime.batch_size, job.world_size, configured_accum)
+        return BatchChoice(runtime.batch_size, accum, "configured")
+    parameters = model.parameter_count()
+    if runtime.device == "cuda":
+        # AdamW's moments and, when accumulating, the gradients of the earlier micro-batches.
+        reserve = 8 * parameters + (4 * parameters if configured_accum > 1 or effective else 0)
+        step = probe_step(model, job.model, runtime.device, runtime.autocast, reserve)
+        choice = probed_choice(step, effective, job.world_size, configured_accum)
+    else:
+        budget = memory_budget(runtime.device, held)
+        choice = estimated_choice(
+            job.model,
+            parameters,
+            runtime.precision,
+            runtime.activation_checkpointing,
+            runtime.device,
+            budget,
+            effective,
+            job.world_size,
+            configured_accum,
+        )
+    size = agree_on_min(choice.batch_size, runtime.device)  # every rank trains the same batch
+    accum = accumulation(effective, size, job.world_size, configured_accum)
+    return replace(choice, batch_size=size, grad_accum_steps=accum)

@@ -17,12 +17,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gptcore.batch_size import BatchChoice, memory_budget
 from gptcore.batches import BatchLoader, StepPlan
 from gptcore.callbacks import TrainingCallback
 from gptcore.checkpointer import Checkpointer, RunIdentity, TrainingParts
@@ -31,11 +32,14 @@ from gptcore.distributed import agree_on_int, all_reduce_mean, all_reduce_sum, g
 from gptcore.errors import GptpipeError, TrainingError
 from gptcore.evaluation import Evaluator
 from gptcore.fingerprint import fingerprint
-from gptcore.guards import DivergenceGuard, NonFiniteGuard, is_out_of_memory, out_of_memory_advice
+from gptcore.guards import DivergenceGuard, NonFiniteGuard, is_out_of_memory
+from gptcore.memory import TrainingMemory
 from gptcore.model import GPT
-from gptcore.performance import FLOP_FORMULA, RunMeasures, Throughput, peak_memory_bytes, reset_peak_memory
-from gptcore.records import StartupRecord, StepRecord, SummaryRecord
+from gptcore.performance import RunMeasures, Throughput
+from gptcore.records import StepRecord
+from gptcore.run_report import out_of_memory, startup_record, summary_record
 from gptcore.run_setup import (
+    choose_batch,
     data_parallel,
     make_optimizer,
     open_data,
@@ -44,7 +48,7 @@ from gptcore.run_setup import (
     seed_everything,
     warmup_cosine,
 )
-from gptcore.runtime import DefaultsSource, Runtime, apply_runtime, device_report, resolve_runtime
+from gptcore.runtime import DefaultsSource, Runtime, apply_runtime, resolve_runtime
 from gptcore.tokenfile import TokenStream
 from gptcore.train_state import TrainState
 
@@ -76,6 +80,7 @@ class TrainJob:
     # A smoke run follows the full run's, so its steps are the full run's first steps.
     schedule: TrainingConfig | None = None
     schedule_world_size: int | None = None  # the ranks that run trains on; None: this run's
+    batch: BatchChoice | None = None  # a batch decided before (the smoke stage's `auto`); None: decide
 
     @classmethod
     def from_params(cls, params: PipelineParams, stage: str = "full", **fields: Any) -> TrainJob:
@@ -145,7 +150,7 @@ def accumulate_gradients(
         skip_sync = no_sync is not None and micro < accum - 1
         with no_sync() if skip_sync else contextlib.nullcontext():
             with runtime.autocast():
-                _, loss = forward(x, y)
+                loss = forward(x, y)[1]  # the logits go now, not after the backward pass
             scaler.scale(loss / accum).backward()
         total = loss.detach() if total is None else total + loss.detach()
     return total
@@ -160,12 +165,20 @@ class _Run:
         self.job = job
         self.events = events
         self.training = t = job.training
-        self.runtime: Runtime = resolve_runtime(job.runtime, defaults_source(job))
-        apply_runtime(self.runtime)
+        runtime = apply_runtime(resolve_runtime(job.runtime, defaults_source(job)))
+        seed_everything(t.seed)
+        self.memory = TrainingMemory.before_model(runtime.device)
+        self.model = GPT(job.model).to(runtime.device)
+        self.model.activation_checkpointing = runtime.activation_checkpointing
+        self.batch = choose_batch(job, runtime, self.model, self.memory.held())
+        self.runtime: Runtime = replace(
+            runtime,
+            batch_size=self.batch.batch_size,
+            grad_accum_steps=self.batch.grad_accum_steps,
+            batch_size_source=self.batch.source,
+        )
         self.plan = StepPlan(self.runtime.batch_size, self.runtime.grad_accum_steps, job.world_size, job.rank)
         self.train_set, self.val_set = open_data(job, self.plan)
-        seed_everything(t.seed)
-        self.model = GPT(job.model).to(self.runtime.device)
         self.ddp = data_parallel(self.model, job, self.runtime)
         replica = self.ddp or self.model
         self.forward = torch.compile(replica) if self.runtime.compile else replica
@@ -217,75 +230,15 @@ class _Run:
         self.meter = Throughput(self.tokens_per_step)
         r = self.runtime
         self.measures = RunMeasures.of(
-            job.model, self.model, r.device, r.precision, r.tf32_enabled, r.batch_size, job.world_size
-        )
-
-    # --- records ----------------------------------------------------------------------------------
-
-    def startup_record(self) -> StartupRecord:
-        cfg, measures, training = self.job.model, self.measures, self.training
-        report = device_report(self.runtime.device)
-        directory = self.job.checkpoint_directory
-        return StartupRecord(
-            **{k: report[k] for k in ("processor", "gpu_name", "gpu_memory_bytes", "torch_version")},
-            cuda_available=report["cuda_available"],
-            **self.runtime.to_dict(),
-            sequence_length=cfg.block_size,
-            parameter_count=self.model.parameter_count(),
-            matmul_parameter_count=self.model.matmul_parameter_count(),
-            max_steps=training.max_steps,
-            epochs=training.epochs,
-            planned_steps=self.planned_steps,
-            schedule_steps=self.schedule.total_steps,
-            warmup_steps=self.schedule.warmup_steps,
-            tokens_per_step=self.tokens_per_step,
-            planned_tokens=self.planned_steps * self.tokens_per_step if self.planned_steps else None,
-            train_examples=self.train_set.count if self.train_set else None,
-            validation_examples=self.val_set.count if self.val_set else None,
-            steps_per_epoch=self.state.steps_per_epoch if self.train_set else None,
-            estimated_peak_memory_bytes=measures.estimated_peak_memory_bytes,
-            estimated_memory=measures.estimated_memory,
-            flops_per_token=measures.flops_per_token,
-            flop_formula=FLOP_FORMULA,
-            peak_flops=measures.peak_flops,
-            peak_flops_source=measures.peak_flops_source,
-            checkpoint_directory=str(directory) if directory else None,
-            world_size=self.job.world_size,
-            per_rank_batch_size=self.plan.batch_size,
-            global_batch=self.plan.global_batch,
-            start_step=self.state.step,
-            resumed_from=str(self.resumed_from) if self.resumed_from else None,
-            fingerprint=self.fingerprint,
-            dry_run=self.job.dry_run,
-        )
-
-    def summary(self, started: float, start_step: int) -> SummaryRecord:
-        trained = not self.job.dry_run
-        steps_per_second = self.meter.steps_per_second if trained else 0.0
-        tokens_per_second = self.meter.tokens_per_second if trained else 0.0
-        planned = self.planned_steps or 0
-        saved = self.checkpointer.saved
-        return SummaryRecord(
-            steps=self.state.step,
-            planned_steps=self.planned_steps,
-            tokens_per_second=tokens_per_second,
-            steps_per_second=steps_per_second,
-            mfu=self.measures.mfu(tokens_per_second),
-            peak_flops=self.measures.peak_flops,
-            peak_memory_bytes=peak_memory_bytes(self.runtime.device),
-            estimated_peak_memory_bytes=self.measures.estimated_peak_memory_bytes,
-            final_train_loss=self.last_train_loss,
-            final_val_loss=self.evaluator.last_val_loss,
-            best_val_loss=self.state.best_val_loss,
-            unigram_val_loss=self.evaluator.unigram,
-            elapsed_seconds=time.perf_counter() - started,
-            estimated_total_seconds=planned / steps_per_second if steps_per_second > 0 else None,
-            checkpoint_save_seconds=self.checkpointer.seconds,
-            final_checkpoint=saved.get("final"),
-            best_checkpoint=saved.get("best"),
-            latest_checkpoint=saved.get("latest"),
-            start_step=start_step,
-            dry_run=self.job.dry_run,
+            job.model,
+            self.model,
+            r.device,
+            r.precision,
+            r.tf32_enabled,
+            r.batch_size,
+            job.world_size,
+            r.activation_checkpointing,
+            r.grad_accum_steps,
         )
 
     # --- resume and checkpoints -------------------------------------------------------------------
@@ -427,10 +380,10 @@ class _Run:
         if self.job.resume and not self.job.dry_run:
             self.restore()
         start_step = self.state.step
-        self.events.on_start(self.startup_record().to_dict())
+        self.events.on_start(startup_record(self).to_dict())
         if self.job.dry_run:
             return self.end(started, start_step)
-        reset_peak_memory(self.runtime.device)
+        self.memory.start(memory_budget(self.runtime.device, self.memory.held()))
         try:
             if self.evaluator.due_at_start(self.state.step):
                 self.evaluate()  # the untrained baseline that later evaluations are judged by
@@ -438,22 +391,12 @@ class _Run:
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):
                 raise
-            r = self.runtime
-            raise TrainingError(
-                out_of_memory_advice(
-                    r.device,
-                    r.batch_size,
-                    r.grad_accum_steps,
-                    self.plan.global_batch,
-                    self.measures.estimated_peak_memory_bytes,
-                    self.checkpointer.latest(),
-                )
-            ) from None
+            raise TrainingError(out_of_memory(self).response(error, self.checkpointer.latest())) from None
         self.evaluate()
         self.save("final")
         return self.end(started, start_step)
 
     def end(self, started: float, start_step: int) -> dict[str, Any]:
-        summary = self.summary(started, start_step).to_dict()
+        summary = summary_record(self, started, start_step).to_dict()
         self.events.on_end(summary)
         return summary

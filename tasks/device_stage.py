@@ -22,7 +22,8 @@ def device_task(params: PipelineParams) -> DeviceResult:
         figures={
             "device": runtime.device,
             "precision": runtime.precision,
-            "batch_size": runtime.batch_size,
+            "batch_size": runtime.batch_size,  # with `auto`, the profile's until the smoke stage decides
+            "batch_size_source": runtime.batch_size_source,
             "grad_accum_steps": runtime.grad_accum_steps,
             "cuda_available": report["cuda_available"],
             "gpu_name": report["gpu_name"],

@@ -101,7 +101,7 @@ def full(
         training_stages.announce(refusal)
         tracking.record_stage(outcome)
         return outcome
-    fingerprint = training_stages.full_fingerprint(params, tokens.result, device.result)
+    fingerprint = training_stages.full_fingerprint(params, tokens.result, device.result, smoke.result)
     outcome = run_cached(
         "full",
         training_stages.full_task,

@@ -65,6 +65,8 @@ class SmokeResult(StageResult):
     summary: dict[str, Any]  # the trainer's summary record
     full_planned_steps: int
     estimated_full_seconds: float
+    # The batch it trained with (gptcore.batch_size.BatchChoice as a dict): full training reuses it.
+    batch: dict[str, Any] = {}
 
 
 class FullResult(StageResult):

@@ -27,7 +27,16 @@ from tasks.stage_results import DeviceResult, FullResult, SmokeResult, TokensRes
 
 SMOKE_RECORD = "smoke.json"
 # Runtime fields that change what training computes (threads and pinning do not).
-_RUNTIME_KEYS = ("device", "precision", "batch_size", "grad_accum_steps", "compile")
+_RUNTIME_KEYS = (
+    "device",
+    "precision",
+    "batch_size",
+    "grad_accum_steps",
+    "batch_size_source",
+    "effective_batch_target",
+    "activation_checkpointing",
+    "compile",
+)
 
 
 def announce(message: str) -> None:
@@ -38,11 +47,13 @@ def announce(message: str) -> None:
 def _training_code_version() -> str:
     """The modules whose code decides what training produces; an edit elsewhere in gptcore (data stages,
     tracking, the CLI) keeps finished training cached and a killed run resumable."""
+    import gptcore.batch_size
     import gptcore.batches
     import gptcore.checkpointer
     import gptcore.cross_entropy
     import gptcore.distributed
     import gptcore.evaluation
+    import gptcore.memory
     import gptcore.model
     import gptcore.run_setup
     import gptcore.schedule
@@ -56,6 +67,8 @@ def _training_code_version() -> str:
         gptcore.run_setup,
         gptcore.evaluation,
         gptcore.batches,
+        gptcore.batch_size,  # with `batch_size: auto`, what decides the batch
+        gptcore.memory,
         gptcore.schedule,
         gptcore.distributed,
     )
@@ -67,6 +80,7 @@ def _training_fingerprint(
     tokens: TokensResult,
     device: DeviceResult,
     schedule: TrainingConfig | None = None,
+    batch: dict[str, Any] | None = None,
 ) -> str:
     runtime = {key: device.runtime[key] for key in _RUNTIME_KEYS if key in device.runtime}
     machine = {key: device.device.get(key) for key in ("device", "gpu_name", "torch_version")}
@@ -79,6 +93,7 @@ def _training_fingerprint(
         params.training_section(stage).model_dump(),
         schedule.model_dump() if schedule is not None else None,
         _training_code_version(),
+        *([batch["batch_size"], batch["grad_accum_steps"]] if batch else []),
     )
 
 
@@ -88,8 +103,18 @@ def smoke_fingerprint(params: PipelineParams, tokens: TokensResult, device: Devi
     return _training_fingerprint("smoke", params, tokens, device, schedule=params.full)
 
 
-def full_fingerprint(params: PipelineParams, tokens: TokensResult, device: DeviceResult) -> str:
-    return _training_fingerprint("full", params, tokens, device)
+def full_fingerprint(
+    params: PipelineParams, tokens: TokensResult, device: DeviceResult, smoke: SmokeResult | None = None
+) -> str:
+    """With `batch_size: auto` the batch the smoke stage found is part of it."""
+    return _training_fingerprint("full", params, tokens, device, batch=reused_batch(params, smoke))
+
+
+def reused_batch(params: PipelineParams, smoke: SmokeResult | None) -> dict[str, Any] | None:
+    """The smoke stage's `auto` batch, which full training trains with (None: configured)."""
+    if params.runtime.batch_size != "auto" or smoke is None or not smoke.batch:
+        return None
+    return smoke.batch
 
 
 def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) -> Path:
@@ -119,10 +144,12 @@ def _train(
     callbacks: list[Any],
     resume: bool,
     nproc: int = 1,
+    batch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One gptcore training run, in this process or on `nproc` local processes under torchrun (their
     events replayed into `callbacks` here), holding the device's slot (`tasks.device_slot`); the trainer
     writes checkpoints into `directory`."""
+    from gptcore.batch_size import BatchChoice
     from gptcore.callbacks import CallbackList
     from gptcore.progress_bar import ProgressBar, wants_progress_bar
     from gptcore.trainer import TrainJob, train
@@ -139,6 +166,7 @@ def _train(
         tokenizer=Path(tokens.tokenizer_path),
         extra_fingerprint={"tokens": tokens.fingerprint},
         metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
+        batch=BatchChoice(**batch) if batch else None,
     )
     if wants_progress_bar():
         callbacks = [*callbacks, ProgressBar(f"{stage} iteration {params.iteration}")]
@@ -203,6 +231,12 @@ def smoke_task(
         "summary": summary,
         "full_planned_steps": full_steps,
         "estimated_full_seconds": estimate,
+        "batch": {
+            "batch_size": startup["batch_size"],
+            "grad_accum_steps": startup["grad_accum_steps"],
+            "source": startup["batch_size_source"],
+            "figures": startup.get("batch_probe", {}),
+        },
     }
     record_path = directory / SMOKE_RECORD
     write_json_atomic(record_path, record, default=str)
@@ -261,7 +295,9 @@ def full_task(
     from gptcore.launch import resolve_nproc
 
     nproc = resolve_nproc(params.runtime.nproc, params.runtime.device)
-    summary = _train(params, "full", tokens, device, directory, callbacks, resume_from is not None, nproc)
+    batch = reused_batch(params, smoke)
+    resume = resume_from is not None
+    summary = _train(params, "full", tokens, device, directory, callbacks, resume, nproc, batch)
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
     return FullResult(

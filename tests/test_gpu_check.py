@@ -39,6 +39,12 @@ def test_a_training_part_is_read_from_its_startup_and_summary_lines(tmp_path: Pa
         "precision": "bf16",
         "batch_size": 32,
         "grad_accum_steps": 4,
+        "batch_size_source": "probed",
+        "batch_probe": {
+            "largest_that_ran": 36,
+            "margin": 0.1,
+            "tried": [[32, True], [64, False], [36, True]],
+        },
     }
     summary = {
         "event": "summary",
@@ -46,7 +52,8 @@ def test_a_training_part_is_read_from_its_startup_and_summary_lines(tmp_path: Pa
         "tokens_per_second": 400_000.0,
         "mfu": 0.25,
         "peak_flops": 989e12,
-        "peak_memory_bytes": 40 * 2**30,
+        "peak_memory_bytes": 41 * 2**30,
+        "training_peak_memory_bytes": 40 * 2**30,
         "estimated_peak_memory_bytes": 38 * 2**30,
         "checkpoint_save_seconds": 1.5,
         "dry_run": False,
@@ -62,5 +69,7 @@ def test_a_training_part_is_read_from_its_startup_and_summary_lines(tmp_path: Pa
     assert not results["failed"]["ok"]
     report.main([str(tmp_path), "summary"])
     lines = (tmp_path / "summary.md").read_text().splitlines()
-    assert "400,000 tokens/s, MFU 0.250 of 989.0 TFLOP/s, peak memory 40.00 GiB (estimated 38.00)" in lines[2]
+    assert "cuda bf16 batch 32x4 (probed) steps 30: 400,000 tokens/s, MFU 0.250 of 989.0 TFLOP/s" in lines[2]
+    assert "training peak memory 40.00 GiB (estimated 38.00, estimate/measured 0.95)" in lines[2]
+    assert lines[2].endswith("batch probe: largest 36, margin 0.1, tried 32+ 64- 36+")
     assert lines[3] == "- FAILED failed: no summary (exit 1)"

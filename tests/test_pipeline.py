@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,16 +102,20 @@ def states(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return {name: stage["state"] for name, stage in stages_of(result).items()}
 
 
-def datasets_of(env: dict[str, str], stage: str) -> set[tuple[str, str]]:
-    """The dataset inputs (name, context) of the newest run of `stage` in the pipeline's MLflow store."""
+def newest_run(env: dict[str, str], stage: str) -> Any:
+    """The newest MLflow run of `stage` in the pipeline's store."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("test-pipeline")
-    run = client.search_runs(
+    return client.search_runs(
         [experiment.experiment_id], f"tags.stage = '{stage}'", order_by=["attributes.start_time DESC"]
     )[0]
-    return {(i.dataset.name, i.tags[0].value) for i in run.inputs.dataset_inputs}
+
+
+def datasets_of(env: dict[str, str], stage: str) -> set[tuple[str, str]]:
+    """The dataset inputs (name, context) of the newest run of `stage`."""
+    return {(i.dataset.name, i.tags[0].value) for i in newest_run(env, stage).inputs.dataset_inputs}
 
 
 # --- the pipeline, run for real ---------------------------------------------------------------------
@@ -187,6 +192,24 @@ def test_until_stops_after_the_named_stage(tmp_path: Path, prefect_env: dict[str
         "export": "skipped",
         "quantize": "skipped",
     }
+
+
+@pytest.mark.slow
+def test_batch_size_auto_is_decided_by_the_smoke_stage_and_reused_by_full_training(
+    tmp_path: Path, prefect_env: dict[str, str]
+) -> None:
+    write_corpus(tmp_path, seed=5)
+    auto = ["--set", "runtime.batch_size=auto", "--set", "runtime.effective_batch_size=8"]
+    result = gptpipe(prefect_env, "--params", str(write_params(tmp_path)), "--until", "full", *auto)
+    assert states(result)["full"] == "completed"
+    smoke = json.loads(next((tmp_path / "checkpoints").glob("*-smoke-*/smoke.json")).read_text())
+    batch = smoke["batch"]
+    assert batch["source"] == "estimated" and batch["figures"]["budget_bytes"] > 0
+    assert batch["batch_size"] * batch["grad_accum_steps"] == 8  # the effective batch asked for
+    final = json.loads(next((tmp_path / "checkpoints").glob("*-full-*/final.json")).read_text())
+    assert final["config"]["global_batch"] == 8
+    full = newest_run(prefect_env, "full").data.params
+    assert (full["batch_size"], full["batch_size_source"]) == (str(batch["batch_size"]), "estimated")
 
 
 @pytest.mark.slow

@@ -124,3 +124,41 @@ def test_autocast_is_off_in_fp32_and_bf16_on_cpu_when_asked() -> None:
         assert (a @ b).dtype is torch.float32
     with bf16.autocast():
         assert (a @ b).dtype is torch.bfloat16
+
+
+def _backends(monkeypatch: pytest.MonkeyPatch, cuda: bool, mps: bool) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+
+
+def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    _backends(monkeypatch, cuda=True, mps=True)
+    assert rt.resolve_device("auto") == "cuda" and rt.resolve_device("mps") == "mps"
+    _backends(monkeypatch, cuda=False, mps=True)
+    assert rt.resolve_device("auto") == "mps" and rt.resolve_device("cpu") == "cpu"
+    _backends(monkeypatch, cuda=False, mps=False)
+    assert rt.resolve_device("auto") == "cpu"
+
+
+def test_mps_where_torch_has_none_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    _backends(monkeypatch, cuda=True, mps=False)  # a GPU of another kind does not stand in for it
+    with pytest.raises(DeviceError) as caught:
+        rt.resolve_device("mps")
+    message = str(caught.value)
+    assert message.startswith("--device mps: Apple's Metal (MPS) backend is not available here")
+    assert "--device cpu or auto" in message and "\n" not in message
+
+
+def test_mps_takes_the_profiles_gpu_defaults_and_bf16_only_from_macos_14(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _backends(monkeypatch, cuda=False, mps=True)
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: major <= 14)
+    runtime = rt.resolve_runtime(RuntimeConfig(device="mps"), PROFILE)
+    assert (runtime.device, runtime.batch_size, runtime.precision) == ("mps", PROFILE.gpu.batch_size, "bf16")
+    assert not runtime.pin_memory and not runtime.tf32_enabled
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: major <= 13)
+    older = rt.resolve_runtime(RuntimeConfig(device="mps"), PROFILE)
+    assert older.precision == "fp32" and "macOS 14" in older.precision_source
+    with pytest.raises(DeviceError, match="--precision bf16: this GPU \\(MPS before macOS 14\\)"):
+        rt.resolve_runtime(RuntimeConfig(device="mps", precision="bf16"), PROFILE)

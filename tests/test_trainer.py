@@ -199,8 +199,15 @@ def test_dry_run_needs_no_token_files_but_training_does() -> None:
         train(job(train_tokens=None))
 
 
-def test_out_of_memory_stops_with_the_advice_and_keeps_the_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+ALLOCATION_FAILURES = [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried"),
+]
+
+
+@pytest.mark.parametrize("failure", ALLOCATION_FAILURES, ids=["cuda-allocator", "cpu-allocator"])
+def test_out_of_memory_stops_with_the_response_and_keeps_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
 ) -> None:
     from gptcore import model as model_module
 
@@ -210,7 +217,7 @@ def test_out_of_memory_stops_with_the_advice_and_keeps_the_checkpoint(
     def forward_then_oom(self: Any, *args: Any) -> Any:
         calls["n"] += 1
         if calls["n"] > 5:  # past the checkpoint at step 4
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise failure
         return real_forward(self, *args)
 
     monkeypatch.setattr(model_module.GPT, "forward", forward_then_oom)
@@ -218,9 +225,13 @@ def test_out_of_memory_stops_with_the_advice_and_keeps_the_checkpoint(
     with pytest.raises(TrainingError) as caught:
         train(job(tmp_path, runtime=RuntimeConfig(device="cpu", batch_size=8, grad_accum_steps=1)), recorder)
     message = str(caught.value)
-    assert "at batch size 8" in message and "--batch-size 4 --grad-accum 2" in message and "GiB" in message
-    assert recorder.of("failure") == [message]
-    assert (tmp_path / "step-00000004.pt").is_file() and "step-00000004.pt is kept" in message
+    assert message.startswith("out of memory on cpu at batch size 8, sequence length 16 (host memory ran out")
+    assert str(failure) in message  # what the allocator said
+    assert "try --batch-size 4 --grad-accum 2" in message and "the same effective batch of 8" in message
+    assert "record the change" in message and "fresh --checkpoint-directory unless deliberately" in message
+    assert "\n" not in message and recorder.of("failure") == [message]
+    assert (tmp_path / "step-00000004.pt").is_file() and "step-00000004.pt is intact" in message
+    assert load_checkpoint(tmp_path / "step-00000004.pt")["step"] == 4  # and loads
 
 
 def test_periodic_best_and_final_checkpoints_are_reported(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ PARAM_FILE_CASES = [
     Case(
         "unknown-device",
         run("p.yaml"),
-        "p.yaml: runtime.device: value 'tpu' is not allowed: Input should be 'auto', 'cpu' or 'cuda'",
+        "p.yaml: runtime.device: value 'tpu' is not allowed: Input should be 'auto', 'cpu', 'cuda' or 'mps'",
         {"p.yaml": changed("runtime.device", "tpu")},
     ),
     Case(
@@ -224,7 +224,17 @@ FLAG_CASES = [
     Case(
         "zero-batch-size",
         ["train", "--batch-size", "0"],
-        "Invalid value for '--batch-size': Input should be greater than or equal to 1",
+        "--batch-size '0': expected a whole number of at least 1, or auto",
+    ),
+    Case(
+        "word-for-a-batch-size",
+        ["train", "--batch-size", "biggest"],
+        "--batch-size 'biggest': expected a whole number of at least 1, or auto",
+    ),
+    Case(
+        "effective-batch-the-batch-does-not-divide",
+        ["train", "--batch-size", "3", "--effective-batch-size", "10", "--dry-run"],
+        "runtime.effective_batch_size 10 is not a multiple of runtime.batch_size 3",
     ),
     Case(
         "word-for-a-number",
