@@ -5,7 +5,11 @@ Importing this is cheap (no torch, no pydantic): `gptpipe --help` and bad flags 
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
+import shutil
+import tempfile
 import typing
 from pathlib import Path
 from typing import Any
@@ -23,11 +27,28 @@ def params_path(params_file: Path | None, iteration: int | None) -> Path:
 
 
 def resolve_params(params_file: Path | None, iteration: int | None, overrides: list[str]) -> tuple[Path, Any]:
-    """The parameter file and its validated parameters, `--set` overrides applied."""
+    """The parameter file and its validated parameters, `--set` overrides applied. A file that can be
+    read only once (a pipe: `--params <(...)`) is read into a regular copy the stages read after."""
     from gptcore.config import load_params
 
-    path = params_path(params_file, iteration)
+    path = regular_copy(params_path(params_file, iteration))
     return path, load_params(path, overrides)
+
+
+def regular_copy(path: Path) -> Path:
+    """`path` itself when it is a regular file (or missing: the loader says so); else its content, read
+    once, as `params-<sha256 prefix>.yaml` in a folder removed when this process exits."""
+    if not path.exists() or path.is_file() or path.is_dir():
+        return path
+    try:
+        content = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: the parameter file cannot be read ({error.strerror or error})") from None
+    folder = Path(tempfile.mkdtemp(prefix="gptpipe-params-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    copy = folder / f"params-{hashlib.sha256(content).hexdigest()[:12]}.yaml"
+    copy.write_bytes(content)
+    return copy
 
 
 def choice(flag: str, value: str, allowed: Any) -> str:

@@ -23,7 +23,7 @@ import torch
 from gptcore.config import ModelConfig
 from gptcore.errors import ConfigError, TrainingError
 from gptcore.guards import is_out_of_memory
-from gptcore.memory import estimate_memory
+from gptcore.memory import StepMemory
 
 MARGIN = 0.10  # the share of the memory kept free: fragmentation, a longer batch, another process
 LARGEST = 4096  # the doubling stops here even when memory is left
@@ -91,11 +91,7 @@ def memory_budget(device: str, held: int) -> int:
 
 
 def estimated_choice(
-    config: ModelConfig,
-    parameters: int,
-    precision: str,
-    activation_checkpointing: bool,
-    device: str,
+    memory: StepMemory,
     budget: int,
     effective: int | None = None,
     world_size: int = 1,
@@ -106,17 +102,16 @@ def estimated_choice(
 
     def estimate(size: int) -> int:
         accum = configured_accum if effective is None else max(1, effective // (size * world_size))
-        return estimate_memory(config, parameters, size, precision, activation_checkpointing, accum, device)[
-            "total"
-        ]
+        return memory.total(size, accum)
 
     fitting, tried = largest_fitting(lambda size: estimate(size) <= usable)
     figures = {"budget_bytes": budget, "margin": MARGIN, "largest_fitting": fitting, "tried": tried}
     if fitting == 0:
+        lighter = "a smaller model" if memory.activation_checkpointing else "--activation-checkpointing"
         raise TrainingError(
-            f"batch size auto: not even batch size 1 fits on {device} (estimated "
+            f"batch size auto: not even batch size 1 fits on {memory.device} (estimated "
             f"{estimate(1) / 2**30:.2f} GiB, {usable / 2**30:.2f} GiB usable of {budget / 2**30:.2f} GiB): "
-            + ("use a smaller model" if activation_checkpointing else "turn on --activation-checkpointing")
+            + f"use {lighter}"
         )
     size = divisor_at_most(fitting, effective, world_size)
     accum = accumulation(effective, size, world_size, configured_accum)

@@ -158,8 +158,8 @@ def unigram_loss(train: ExampleSet, validation: ExampleSet, vocab_size: int) -> 
     validation targets: the floor a model that ignores context reaches, which any model must beat."""
     counts = np.zeros(vocab_size, dtype=np.float64)
     train_targets = train.target_tokens()
-    for start in range(0, len(train_targets), 1 << 24):
-        counts += np.bincount(train_targets[start : start + (1 << 24)], minlength=vocab_size)
+    for start in range(0, len(train_targets), 1 << 21):  # bincount widens each slice to int64: 16 MiB
+        counts += np.bincount(train_targets[start : start + (1 << 21)], minlength=vocab_size)
     log_probs = np.log(counts + 1.0) - np.log(counts.sum() + vocab_size)
     validation_counts = np.bincount(validation.target_tokens(), minlength=vocab_size)
     return float(-(validation_counts * log_probs).sum() / validation_counts.sum())

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from gptcore.atomic_write import write_atomic
+from gptcore.disk_space import disk_full, is_disk_full
 from gptcore.errors import CheckpointError
 from gptcore.fingerprint import sha256_file
 
@@ -129,6 +131,7 @@ def save_checkpoint(
     started = time.perf_counter()
     directory = Path(directory)
     path = directory / f"{name}.pt"
+    previous = latest_checkpoint(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, lambda handle: torch.save(state, handle))
@@ -140,12 +143,39 @@ def save_checkpoint(
         _write_json(directory / MANIFEST, manifest)
         _fsync_directory(directory)
     except OSError as error:
-        raise CheckpointError(
-            f"{path}: checkpoint write failed ({error.strerror or error}); the previous checkpoint is kept"
-        ) from None
+        _forget_unlisted(directory, name)
+        kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
+        if is_disk_full(error):
+            advice = f"{kept}; free space and resume with --resume"
+            raise disk_full(path, state_bytes(state), advice) from None
+        failed = error.strerror or error
+        raise CheckpointError(f"{path}: checkpoint write failed ({failed}); {kept}") from None
     if keep_last is not None:
         _prune(directory, keep_last)
     return path, time.perf_counter() - started
+
+
+def _forget_unlisted(directory: Path, name: str) -> None:
+    """After a failed save: remove the files of `name` that reached their place before the manifest
+    listed them (a new checkpoint's), so a full disk gets its space back and the folder reads as before."""
+    try:
+        listed = name in read_manifest(directory)["checkpoints"]
+    except CheckpointError:
+        return
+    if not listed:
+        for suffix in (".pt", ".json"):
+            (directory / f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def state_bytes(state: Any) -> int:
+    """The bytes of every tensor in a (nested) checkpoint state: about its file's size."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(value) for value in state)
+    return 0
 
 
 def _prune(directory: Path, keep_last: int) -> None:
@@ -182,23 +212,62 @@ def latest_checkpoint(directory: Path | None) -> Path | None:
     return candidates[0] if candidates else None
 
 
-def load_latest_valid(directory: Path | None) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
-    """(path, record, state) of the newest checkpoint whose content matches its recorded sha256. A
-    damaged one is named in a warning and the one before it (kept by `keep_last`) is used; None when
-    the directory holds no checkpoint; a CheckpointError when every one is damaged."""
-    damaged: list[str] = []
+# A checkpoint whose content is intact can still fail to load into a run: a tensor of another shape, a
+# missing key, a state another torch wrote. These are the errors that says so.
+LOAD_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def resume_from(
+    directory: Path | None, restore: Callable[[Path, dict[str, Any], dict[str, Any]], None]
+) -> Path | None:
+    """Hand the newest checkpoint that loads to `restore(path, record, state)` and return its path.
+    Newest first, a candidate is skipped when its record is missing or of another format, its content
+    differs from its recorded sha256, it does not unpickle, or `restore` fails with one of `LOAD_ERRORS`;
+    each skip is a warning naming it, the checkpoint resumed from and why. A CheckpointError `restore`
+    raises (a refusal: another configuration) ends the search. None when the directory holds no
+    checkpoint; a CheckpointError when none loads (nothing is deleted)."""
+    failures: list[str] = []
     for path in resume_candidates(directory):
         try:
             record = checkpoint_metadata(path)
+            _check_format(path, record)
             state = load_checkpoint(path)
         except CheckpointError as error:
-            damaged.append(str(error))
-            log.warning("warning: %s; trying the checkpoint before it", error)
+            failures.append(str(error))
             continue
-        return path, record, state
-    if damaged:
-        raise CheckpointError(f"{directory}: no intact checkpoint to resume from ({'; '.join(damaged)})")
+        try:
+            restore(path, record, state)
+        except LOAD_ERRORS as error:
+            detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            failures.append(f"{path}: does not load into this run ({type(error).__name__}: {detail})")
+            continue
+        for failure in failures:
+            log.warning("warning: %s; resuming from %s instead", failure, path)
+        return path
+    if failures:
+        raise CheckpointError(
+            f"{directory}: no intact checkpoint to resume from (nothing was deleted): {'; '.join(failures)}"
+        )
     return None
+
+
+def load_latest_valid(directory: Path | None) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    """(path, record, state) of the newest checkpoint that reads whole (see `resume_from`)."""
+    found: list[tuple[Path, dict[str, Any], dict[str, Any]]] = []
+    path = resume_from(directory, lambda *loaded: found.append(loaded))
+    return found[0] if path is not None else None
+
+
+def _check_format(path: Path, record: dict[str, Any]) -> None:
+    """A record this gptpipe reads: its format version and the keys a resume needs."""
+    version = record.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: its record is in checkpoint format {version}; this gptpipe reads {FORMAT_VERSION}"
+        )
+    missing = [key for key in ("step", "config", "sha256") if key not in record]
+    if missing:
+        raise CheckpointError(f"{path}: its record lacks {', '.join(missing)} (an older or foreign format)")
 
 
 def named_checkpoint(directory: Path, name: str) -> Path | None:

@@ -9,12 +9,14 @@ from the checkpoint's is refused with the differing keys.
 
 The folder is held under its run lock for the whole run, half-written files a killed writer left are
 removed first, periodic checkpoints beyond `keep_last` are pruned, and `last_good` names the newest
-periodic or final checkpoint, the one every stop message offers to resume from.
+periodic or final checkpoint written, the one every stop message offers to resume from. Files are
+written in the background (`gptcore.checkpoint_writer`): the loop waits for a snapshot only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from gptcore import checkpoint as ckpt
+from gptcore.checkpoint_writer import CheckpointWriter, Written, snapshot
 from gptcore.errors import CheckpointError
 from gptcore.fingerprint import code_version
 from gptcore.run_lock import RunLock
@@ -68,6 +71,7 @@ class Checkpointer:
         writes: bool,
         parts: TrainingParts,
         identity: RunIdentity,
+        background: bool = True,
     ) -> None:
         self.directory = Path(directory) if directory is not None else None
         self.every = every
@@ -75,10 +79,11 @@ class Checkpointer:
         self.writes = writes and self.directory is not None  # rank 0 of a real (not dry) run
         self.parts = parts
         self.identity = identity
-        self.saved: dict[str, str] = {}  # latest / best / final -> path
-        self.seconds = 0.0  # spent writing, in all
-        self.last_seconds = 0.0  # the latest write's
+        self.saved: dict[str, str] = {}  # latest / best / final -> path, once written
+        self.seconds = 0.0  # spent writing, in all (on the writer thread when in the background)
+        self.stall_seconds = 0.0  # the training loop's wait: the snapshot, and the write before it
         self.last_good: str | None = None
+        self.writer = CheckpointWriter(background)
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -88,27 +93,37 @@ class Checkpointer:
             return
         with RunLock(self.directory):
             ckpt.remove_stale_temporaries(self.directory)  # a killed run's half-written files
-            yield
+            try:
+                yield
+            except BaseException:
+                self.writer.close(raise_errors=False)  # the write in flight completes, the lock waits
+                raise
+            self.writer.close()
 
     def due(self, step: int, planned_steps: int) -> bool:
         """A periodic checkpoint after this step (the end writes `final` instead)."""
         return step % self.every == 0 and step < planned_steps
 
     def save(self, kind: str, losses: dict[str, float | None]) -> Path | None:
-        """Write checkpoint `kind` (step, best or final) of the run as it is now, its record carrying
-        `losses` (train_loss, val_loss); None where this process writes none."""
+        """Checkpoint `kind` (step, best or final) of the run as it is now, its record carrying `losses`
+        (train_loss, val_loss): a snapshot now, the file written in the background (`finished` reports
+        it). Returns the path it will have; None where this process writes none."""
         if not self.writes:
             return None
+        started = time.perf_counter()
+        self.writer.wait()  # one write in flight at most: one snapshot in memory
         parts, identity, step = self.parts, self.identity, self.parts.state.step
-        state = {
-            "model": parts.model.state_dict(),
-            "optimizer": parts.optimizer.state_dict(),
-            "scheduler": parts.schedule.state_dict(),
-            "scaler": parts.scaler.state_dict(),
-            **parts.state.state_dict(),
-            "rng": ckpt.capture_rng(),
-            "fingerprint": identity.fingerprint,
-        }
+        state = snapshot(
+            {
+                "model": parts.model.state_dict(),
+                "optimizer": parts.optimizer.state_dict(),
+                "scheduler": parts.schedule.state_dict(),
+                "scaler": parts.scaler.state_dict(),
+                **parts.state.state_dict(),
+                "rng": ckpt.capture_rng(),
+                "fingerprint": identity.fingerprint,
+            }
+        )
         record = {
             "kind": kind,
             "step": step,
@@ -122,22 +137,43 @@ class Checkpointer:
         }
         name = ckpt.step_name(step) if kind == "step" else kind
         keep = self.keep_last if kind == "step" else None
-        path, seconds = ckpt.save_checkpoint(self.directory, name, state, record, keep)
-        self.seconds += seconds
-        self.last_seconds = seconds
-        self.saved["latest" if kind == "step" else kind] = str(path)
-        if kind != "best":
-            self.last_good = str(path)
-        return path
+        directory = self.directory
+
+        def write() -> Written:
+            path, seconds = ckpt.save_checkpoint(directory, name, state, record, keep)
+            return Written(path, kind, step, seconds)
+
+        self.writer.submit(write)
+        self.stall_seconds += time.perf_counter() - started
+        return directory / f"{name}.pt"
+
+    def settle(self) -> None:
+        """On the way out of a failing run: the write in flight completes (its own failure is logged,
+        not raised), so the message about what is kept can name it."""
+        if self.writes:
+            self.writer.close(raise_errors=False)
+
+    def finished(self, wait: bool = False) -> list[Written]:
+        """The checkpoints written since the last call (with `wait`, the one in flight too); a failed
+        write's error is raised here, on the training thread."""
+        if wait and self.writes:
+            self.stall_seconds += self.writer.wait()
+        done = self.writer.finished()
+        for written in done:
+            self.seconds += written.seconds
+            self.saved["latest" if written.kind == "step" else written.kind] = str(written.path)
+            if written.kind != "best":
+                self.last_good = str(written.path)
+        return done
 
     def restore(self) -> Path | None:
-        """Load the newest loadable checkpoint into the parts and the RNGs; its path, or None when the
-        folder has none yet. A CheckpointError when it was written with a different config."""
-        found = ckpt.load_latest_valid(self.directory)
-        if found is None:
-            return None
-        path, stored, state = found
-        differences = ckpt.config_differences(stored.get("config", {}), self.identity.config)
+        """Load the newest checkpoint that loads into the parts and the RNGs (newer ones that do not are
+        skipped with a warning, `checkpoint.resume_from`); its path, or None when the folder has none
+        yet. A CheckpointError when it was written with a different config, or when none loads."""
+        return ckpt.resume_from(self.directory, self._restore_from)
+
+    def _restore_from(self, path: Path, record: dict[str, Any], state: dict[str, Any]) -> None:
+        differences = ckpt.config_differences(record.get("config", {}), self.identity.config)
         if differences:
             raise CheckpointError(
                 f"--resume: {path} was written with a different configuration: " + "; ".join(differences)
@@ -149,7 +185,6 @@ class Checkpointer:
             parts.scaler.load_state_dict(state["scaler"])
         ckpt.restore_rng(state["rng"])
         parts.state.load_state_dict(state)
-        return path
 
     def latest(self) -> Path | None:
         return ckpt.latest_checkpoint(self.directory)

@@ -164,6 +164,9 @@ class TrainingConfig(Strict):
     eval_every: int = Field(default=100, ge=1)
     checkpoint_every: int = Field(default=100, ge=1)
     keep_last: int = Field(default=2, ge=1)
+    async_checkpoints: bool = Field(
+        default=True, description="write checkpoints on a background thread: the loop waits for a copy only"
+    )
     max_skipped_steps: int = Field(default=25, ge=1, description="fp16: consecutive overflow skips that stop")
     eval_at_start: bool = Field(
         default=False, description="evaluate before the first step: the baseline later ones are judged by"
@@ -349,11 +352,16 @@ def _describe_error(source: str, error: ValidationError) -> str:
 
 
 def read_yaml(path: Path, what: str = "parameter file") -> dict[str, Any]:
-    """A YAML mapping, loaded safely; every failure is a ConfigError naming the file."""
-    if not path.is_file():
+    """A YAML mapping, loaded safely; every failure is a ConfigError naming the file. Any readable path
+    will do (a pipe from the shell too); a missing one is refused as not found."""
+    if not path.exists():
         raise ConfigError(f"{path}: {what} not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: the {what} is a folder; name a YAML file")
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=ParamsLoader)
+    except OSError as error:
+        raise ConfigError(f"{path}: the {what} cannot be read ({error.strerror or error})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (it is not valid UTF-8)") from None
     except yaml.YAMLError as error:

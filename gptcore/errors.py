@@ -87,3 +87,7 @@ def _requirement(package: str) -> str:
         if re.sub(r"[-_.]+", "-", name).lower() == wanted:
             return requirement
     return package
+
+
+class DiskFullError(GptpipeError):
+    """A write ran out of disk space (or quota): what, how much it needs, and that nothing was left half."""

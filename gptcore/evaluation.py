@@ -59,7 +59,7 @@ class Evaluator:
         total = torch.zeros((), device=self.runtime.device, dtype=torch.float64)
         for x, y in loader.batches(indices):
             with self.runtime.autocast():
-                _, loss = model(x, y)
+                _, loss = model(x, y, loss_only=True)  # one piece of logits at a time
             total += loss.double() * x.shape[0]
         model.train()
         self.last_val_loss = float(all_reduce_sum(total).item()) / self.validation.count

@@ -115,7 +115,7 @@ def stream_bits_per_byte(stream: TokenStream, nats: float, predicted: int) -> fl
 
 
 def _window_nats(model: GPT, windows: torch.Tensor) -> float:
-    _, loss = model(windows[:, :-1], windows[:, 1:])  # the mean over every predicted token
+    _, loss = model(windows[:, :-1], windows[:, 1:], loss_only=True)  # the mean over every predicted token
     return float(loss.double()) * windows[:, 1:].numel()
 
 

@@ -96,8 +96,10 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
         raise ConfigError(f"--output {output}: exists and is not empty; choose another folder or add --force")
     check_tokenizer(tokenizer_path, model.config.vocab_size)  # loadable, and fits the model
     eot_id, eot = end_of_text_of(tokenizer_path)
-    with staging_directory(output) as folder:
-        save_file(gpt2_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    weights = gpt2_state_dict(model)
+    needed = sum(t.numel() * t.element_size() for t in weights.values()) + tokenizer_path.stat().st_size
+    with staging_directory(output, needed=lambda: needed) as folder:
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
         _json(folder / "config.json", gpt2_config(model, eot_id))
         shutil.copyfile(tokenizer_path, folder / "tokenizer.json")
         specials = {"bos_token": eot, "eos_token": eot, "unk_token": eot}

@@ -53,52 +53,64 @@ def layer_activation_bytes(config: ModelConfig, tokens: int, precision: str) -> 
     return tokens * config.n_embd * (ACTIVATION_VALUES * width + RESIDUAL_VALUES * RESIDUAL_BYTES)
 
 
-def estimate_memory(
-    config: ModelConfig,
-    parameters: int,
-    batch_size: int,
-    precision: str,
-    activation_checkpointing: bool = False,
-    grad_accum_steps: int = 1,
-    device: str = "cpu",
-) -> dict[str, int]:
-    """Bytes at the peak of a training step, by term (docs/training.md). `total` is the larger of two
-    peaks, the end of the forward pass (activations and the loss's arrays alive) and the optimizer step
-    (weights, gradients, moments), plus the kernels' workspace and on CPU the host allocator's share."""
-    width = activation_width(precision)
-    tokens = batch_size * config.block_size
-    weights = 4 * parameters
-    if precision != "fp32":
-        weights += 2 * parameters  # autocast caches a 16-bit copy of each weight for the step
-    gradients, optimizer = 4 * parameters, 8 * parameters
-    if activation_checkpointing:
-        # Each block keeps only its fp32 input; the backward recomputes one block at a time, and the
-        # loss one `LOSS_CHUNK_TOKENS` piece at a time (its input, ln_f's output, is kept whole).
-        kept = config.n_layer * tokens * config.n_embd * RESIDUAL_BYTES
-        activations = kept + layer_activation_bytes(config, tokens, precision)
-        activations += tokens * config.n_embd * 2 * RESIDUAL_BYTES
-        logit_tokens = min(tokens, LOSS_CHUNK_TOKENS)
-    else:
-        activations = config.n_layer * layer_activation_bytes(config, tokens, precision)
-        activations += tokens * config.n_embd * (RESIDUAL_BYTES + width)  # ln_f's input, the head's input
-        logit_tokens = tokens
-    # The logits at the activation width and their fp32 log-probabilities (which become the gradient).
-    logits = logit_tokens * config.vocab_size * (width + 4)
-    # Gradients exist during a forward pass only while they accumulate over micro-batches.
-    forward_peak = weights + optimizer + activations + logits + (gradients if grad_accum_steps > 1 else 0)
-    step_peak = weights + gradients + optimizer
-    in_use = max(forward_peak, step_peak) + WORKSPACE_BYTES
-    host_allocator = int(in_use * HOST_ALLOCATOR_SHARE) if device == "cpu" else 0
-    return {
-        "weights": weights,
-        "gradients": gradients,
-        "optimizer": optimizer,
-        "activations": activations,
-        "logits": logits,
-        "workspace": WORKSPACE_BYTES,
-        "host_allocator": host_allocator,
-        "total": in_use + host_allocator,
-    }
+@dataclass(frozen=True)
+class StepMemory:
+    """What decides a training step's memory besides its batch: `estimate(batch, accumulation)` gives
+    the bytes at its peak by term (docs/training.md). `total` is the largest of three peaks, the end of
+    the forward pass (activations and the loss's arrays alive), the optimizer step (weights, gradients,
+    moments) and, with checkpoints written in the background on CPU, the snapshot beside the weights
+    and moments; plus the kernels' workspace and on CPU the host allocator's share."""
+
+    config: ModelConfig
+    parameters: int
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+    device: str = "cpu"
+    checkpoint_snapshot: bool = False  # a host copy of weights and moments while a checkpoint is written
+
+    def estimate(self, batch_size: int, grad_accum_steps: int = 1) -> dict[str, int]:
+        config, parameters, precision = self.config, self.parameters, self.precision
+        width = activation_width(precision)
+        tokens = batch_size * config.block_size
+        weights = 4 * parameters
+        if precision != "fp32":
+            weights += 2 * parameters  # autocast caches a 16-bit copy of each weight for the step
+        gradients, optimizer = 4 * parameters, 8 * parameters
+        if self.activation_checkpointing:
+            # Each block keeps only its fp32 input; the backward recomputes one block at a time, and the
+            # loss one `LOSS_CHUNK_TOKENS` piece at a time (its input, ln_f's output, is kept whole).
+            kept = config.n_layer * tokens * config.n_embd * RESIDUAL_BYTES
+            activations = kept + layer_activation_bytes(config, tokens, precision)
+            activations += tokens * config.n_embd * 2 * RESIDUAL_BYTES
+            logit_tokens = min(tokens, LOSS_CHUNK_TOKENS)
+        else:
+            activations = config.n_layer * layer_activation_bytes(config, tokens, precision)
+            activations += tokens * config.n_embd * (RESIDUAL_BYTES + width)  # ln_f's and the head's input
+            logit_tokens = tokens
+        # The logits at the activation width and their fp32 log-probabilities (which become the gradient).
+        logits = logit_tokens * config.vocab_size * (width + 4)
+        # Host memory: on CUDA the snapshot is not on the device.
+        snapshot = 12 * parameters if self.checkpoint_snapshot and self.device != "cuda" else 0
+        # Gradients exist during a forward pass only while they accumulate over micro-batches.
+        accumulating = gradients if grad_accum_steps > 1 else 0
+        forward_peak = weights + optimizer + activations + logits + accumulating
+        step_peak = weights + gradients + optimizer
+        in_use = max(forward_peak, step_peak, 4 * parameters + optimizer + snapshot) + WORKSPACE_BYTES
+        host_allocator = int(in_use * HOST_ALLOCATOR_SHARE) if self.device == "cpu" else 0
+        return {
+            "weights": weights,
+            "gradients": gradients,
+            "optimizer": optimizer,
+            "activations": activations,
+            "logits": logits,
+            "checkpoint_snapshot": snapshot,
+            "workspace": WORKSPACE_BYTES,
+            "host_allocator": host_allocator,
+            "total": in_use + host_allocator,
+        }
+
+    def total(self, batch_size: int, grad_accum_steps: int = 1) -> int:
+        return self.estimate(batch_size, grad_accum_steps)["total"]
 
 
 def resident_bytes() -> int | None:

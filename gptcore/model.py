@@ -122,12 +122,17 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.dim() == 2 and p is not wpe)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        loss_only: bool = False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits for every position with the mean cross-entropy when targets are given; else the
         logits of the last position only (all generation needs). With a `cache`, `idx` holds the
-        positions after the cached ones, whose keys and values are stored there too. Training with
-        activation checkpointing returns the loss alone (None for the logits, never made whole)."""
+        positions after the cached ones, whose keys and values are stored there too. With `loss_only`
+        (evaluation), and when training with activation checkpointing, the loss alone (None for the
+        logits): one `LOSS_CHUNK_TOKENS` piece of logits at a time, never the batch's whole."""
         length = idx.shape[1]
         start = cache.length if cache is not None else 0
         if cache is not None:
@@ -147,19 +152,24 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, -1:, :]), None
-        if recompute:
-            return None, self._chunked_loss(x.view(-1, x.size(-1)), targets.reshape(-1))
+        if recompute or loss_only:
+            pieces = self._chunked_loss(x.view(-1, x.size(-1)), targets.reshape(-1), torch.is_grad_enabled())
+            return None, pieces
         logits = self.lm_head(x)
         loss = cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
-    def _chunked_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean cross-entropy over `LOSS_CHUNK_TOKENS`-token pieces, each piece's logits recomputed
-        in the backward pass: one piece's logits alive at a time instead of the batch's."""
+    def _chunked_loss(self, x: torch.Tensor, targets: torch.Tensor, recompute: bool) -> torch.Tensor:
+        """The mean cross-entropy over `LOSS_CHUNK_TOKENS`-token pieces, with `recompute` each piece's
+        logits recomputed in the backward pass: one piece's logits alive at a time, not the batch's."""
         total = x.new_zeros((), dtype=torch.float32)
         for start in range(0, targets.numel(), LOSS_CHUNK_TOKENS):
             piece = slice(start, start + LOSS_CHUNK_TOKENS)
-            total = total + checkpoint(self._summed_loss, x[piece], targets[piece], use_reentrant=False)
+            if recompute:
+                summed = checkpoint(self._summed_loss, x[piece], targets[piece], use_reentrant=False)
+            else:
+                summed = self._summed_loss(x[piece], targets[piece])
+            total = total + summed
         return total / targets.numel()
 
     def _summed_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

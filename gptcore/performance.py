@@ -18,7 +18,8 @@ from functools import cache
 import torch
 
 from gptcore.config import ModelConfig
-from gptcore.memory import estimate_memory
+from gptcore.memory import StepMemory
+from gptcore.runtime import Runtime
 
 FLOP_FORMULA = "6*N_matmul + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT)"
 
@@ -188,34 +189,24 @@ class RunMeasures:
     @classmethod
     def of(
         cls,
-        config: ModelConfig,
         model: torch.nn.Module,
-        device: str,
-        precision: str,
-        tf32: bool,
-        batch_size: int,
+        runtime: Runtime,
+        memory: StepMemory,
         world_size: int = 1,
-        activation_checkpointing: bool = False,
-        grad_accum_steps: int = 1,
     ) -> RunMeasures:
-        """Measured for `model` (a GPT) at this batch size; the CPU peak takes about 0.1 s to measure."""
-        shapes = model_matmul_shapes(config, batch_size * config.block_size)
-        peak, source = peak_flops(device, precision, tf32, shapes, seconds=0.1)
+        """Measured for `model` (a GPT) at the runtime's batch; the CPU peak takes about 0.1 s to measure."""
+        config = model.config
+        shapes = model_matmul_shapes(config, runtime.batch_size * config.block_size)
+        peak, source = peak_flops(
+            runtime.device, runtime.precision, runtime.tf32_enabled, shapes, seconds=0.1
+        )
         if world_size > 1:
             peak, source = peak * world_size, f"{source} x {world_size} ranks"
         return cls(
             flops_per_token(config, model.matmul_parameter_count()),
             peak,
             source,
-            estimate_memory(
-                config,
-                model.parameter_count(),
-                batch_size,
-                precision,
-                activation_checkpointing,
-                grad_accum_steps,
-                device,
-            ),
+            memory.estimate(runtime.batch_size, runtime.grad_accum_steps),
         )
 
     @property

@@ -179,7 +179,8 @@ class SummaryRecord(Record):
     unigram_val_loss: float | None = context(headline=True)
     elapsed_seconds: float = metric(headline=True)
     estimated_total_seconds: float | None = metric(headline=True)
-    checkpoint_save_seconds: float = metric()
+    checkpoint_save_seconds: float = metric()  # writing the files (in the background unless turned off)
+    checkpoint_stall_seconds: float = metric()  # what the training loop waited for them
     final_checkpoint: str | None = context()
     best_checkpoint: str | None = context()
     latest_checkpoint: str | None = context()

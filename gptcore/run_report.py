@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gptcore.batch_size import OutOfMemory
-from gptcore.memory import estimate_memory, peak_memory_bytes
+from gptcore.memory import peak_memory_bytes
 from gptcore.performance import FLOP_FORMULA
 from gptcore.records import StartupRecord, SummaryRecord
 from gptcore.runtime import device_report
@@ -82,6 +82,7 @@ def summary_record(run: _Run, started: float, start_step: int) -> SummaryRecord:
         elapsed_seconds=time.perf_counter() - started,
         estimated_total_seconds=planned / steps_per_second if steps_per_second > 0 else None,
         checkpoint_save_seconds=run.checkpointer.seconds,
+        checkpoint_stall_seconds=run.checkpointer.stall_seconds,
         final_checkpoint=saved.get("final"),
         best_checkpoint=saved.get("best"),
         latest_checkpoint=saved.get("latest"),
@@ -92,25 +93,13 @@ def summary_record(run: _Run, started: float, start_step: int) -> SummaryRecord:
 
 def out_of_memory(run: _Run) -> OutOfMemory:
     """What this run had, for the response to a step that ran out of memory."""
-    r, config = run.runtime, run.job.model
-
-    def estimate(batch_size: int, grad_accum_steps: int) -> int:
-        return estimate_memory(
-            config,
-            run.model.parameter_count(),
-            batch_size,
-            r.precision,
-            r.activation_checkpointing,
-            grad_accum_steps,
-            r.device,
-        )["total"]
-
+    r = run.runtime
     return OutOfMemory(
         r.device,
         r.batch_size,
         r.grad_accum_steps,
         run.job.world_size,
-        config.block_size,
-        estimate,
+        run.job.model.block_size,
+        run.step_memory.total,
         run.memory.budget,
     )

@@ -25,6 +25,7 @@ from gptcore.batches import ExampleSet, StepPlan, open_examples
 from gptcore.config import TrainingConfig
 from gptcore.distributed import agree_on_min
 from gptcore.errors import ConfigError, DataError
+from gptcore.memory import StepMemory
 from gptcore.model import GPT, optimizer_groups
 from gptcore.runtime import Runtime
 from gptcore.schedule import WarmupCosine
@@ -149,10 +150,10 @@ def _stream_identity(source: Path | TokenStream | None) -> str | None:
     return f"{Path(source).name}:{Path(source).stat().st_size} bytes"
 
 
-def choose_batch(job: TrainJob, runtime: Runtime, model: GPT, held: int) -> BatchChoice:
+def choose_batch(job: TrainJob, runtime: Runtime, model: GPT, memory: StepMemory, held: int) -> BatchChoice:
     """The batch this run trains with: one decided before (the smoke stage's, for full training), the
     configured one, or with `batch_size: auto` the largest that fits (probed on CUDA, estimated
-    elsewhere), the same on every rank. `held`: bytes the run holds already (its weights)."""
+    elsewhere from `memory`), the same on every rank. `held`: bytes the run holds already (its weights)."""
     effective, configured_accum = runtime.effective_batch_target, runtime.grad_accum_steps
     if job.batch is not None:  # its accumulation follows this run's ranks
         accum = accumulation(effective, job.batch.batch_size, job.world_size, job.batch.grad_accum_steps)
@@ -168,17 +169,7 @@ def choose_batch(job: TrainJob, runtime: Runtime, model: GPT, held: int) -> Batc
         choice = probed_choice(step, effective, job.world_size, configured_accum)
     else:
         budget = memory_budget(runtime.device, held)
-        choice = estimated_choice(
-            job.model,
-            parameters,
-            runtime.precision,
-            runtime.activation_checkpointing,
-            runtime.device,
-            budget,
-            effective,
-            job.world_size,
-            configured_accum,
-        )
+        choice = estimated_choice(memory, budget, effective, job.world_size, configured_accum)
     size = agree_on_min(choice.batch_size, runtime.device)  # every rank trains the same batch
     accum = accumulation(effective, size, job.world_size, configured_accum)
     return replace(choice, batch_size=size, grad_accum_steps=accum)

@@ -13,9 +13,10 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from gptcore.disk_space import space_for
 from gptcore.run_lock import process_alive
 
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:partial|stale)-(?P<pid>\d+)-")
@@ -30,15 +31,20 @@ def remove_abandoned(parent: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def staging_directory(final: Path) -> Iterator[Path]:
-    """A fresh hidden folder beside `final`; removed on the way out unless it was published."""
+def staging_directory(final: Path, needed: Callable[[], int | None] = lambda: None) -> Iterator[Path]:
+    """A fresh hidden folder beside `final`; removed on the way out unless it was published. Running out
+    of disk space inside is one `DiskFullError` naming `final` and about the bytes `needed()`."""
     parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(parent, final.name)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-{os.getpid()}-", dir=parent))
+    earlier = f"the earlier {final.name} is unchanged" if final.exists() else "nothing was published"
+    kept = f"{earlier}; free space and run again"
+    with space_for(final, needed, kept):
+        parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(parent, final.name)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-{os.getpid()}-", dir=parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the published folder should read like any other
     try:
-        yield staging
+        with space_for(final, needed, kept):
+            yield staging
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

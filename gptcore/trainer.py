@@ -33,7 +33,7 @@ from gptcore.errors import GptpipeError, TrainingError
 from gptcore.evaluation import Evaluator
 from gptcore.fingerprint import fingerprint
 from gptcore.guards import DivergenceGuard, NonFiniteGuard, is_out_of_memory
-from gptcore.memory import TrainingMemory
+from gptcore.memory import StepMemory, TrainingMemory
 from gptcore.model import GPT
 from gptcore.performance import RunMeasures, Throughput
 from gptcore.records import StepRecord
@@ -122,6 +122,11 @@ def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> dict[str,
 # --- the run ----------------------------------------------------------------------------------------
 
 
+def writes_checkpoints(job: TrainJob) -> bool:
+    """Rank 0 of a real (not dry) run with a checkpoint folder writes the checkpoints."""
+    return job.rank == 0 and not job.dry_run and job.checkpoint_directory is not None
+
+
 def defaults_source(job: TrainJob) -> DefaultsSource:
     """Batch size, precision and workers for a resolved device when the runtime request leaves them unset."""
     if job.device_defaults is not None:
@@ -170,7 +175,15 @@ class _Run:
         self.memory = TrainingMemory.before_model(runtime.device)
         self.model = GPT(job.model).to(runtime.device)
         self.model.activation_checkpointing = runtime.activation_checkpointing
-        self.batch = choose_batch(job, runtime, self.model, self.memory.held())
+        self.step_memory = StepMemory(
+            job.model,
+            self.model.parameter_count(),
+            runtime.precision,
+            runtime.activation_checkpointing,
+            runtime.device,
+            checkpoint_snapshot=t.async_checkpoints and writes_checkpoints(job),
+        )
+        self.batch = choose_batch(job, runtime, self.model, self.step_memory, self.memory.held())
         self.runtime: Runtime = replace(
             runtime,
             batch_size=self.batch.batch_size,
@@ -218,8 +231,9 @@ class _Run:
             job.checkpoint_directory,
             t.checkpoint_every,
             t.keep_last,
-            writes=job.rank == 0 and not job.dry_run,
+            writes=writes_checkpoints(job),
             parts=TrainingParts(self.model, self.optimizer, self.schedule, self.scaler, self.state),
+            background=t.async_checkpoints,
             identity=RunIdentity(
                 self.config, self.fingerprint, job.model.model_dump(), job.metadata, tokenizer
             ),
@@ -228,18 +242,7 @@ class _Run:
         self.last_train_loss: float | None = None
         self.tokens_per_step = self.plan.global_batch * job.model.block_size
         self.meter = Throughput(self.tokens_per_step)
-        r = self.runtime
-        self.measures = RunMeasures.of(
-            job.model,
-            self.model,
-            r.device,
-            r.precision,
-            r.tf32_enabled,
-            r.batch_size,
-            job.world_size,
-            r.activation_checkpointing,
-            r.grad_accum_steps,
-        )
+        self.measures = RunMeasures.of(self.model, self.runtime, self.step_memory, job.world_size)
 
     # --- resume and checkpoints -------------------------------------------------------------------
 
@@ -254,14 +257,19 @@ class _Run:
         self.state.step = agree_on_int(self.state.step, "the resume step", self.runtime.device)
 
     def save(self, kind: str) -> None:
-        """Checkpoint `kind` of the run as it is now (rank 0 of a real run alone writes)."""
+        """Checkpoint `kind` of the run as it is now (rank 0 of a real run alone writes); the final one
+        is on disk before this returns, the others are reported when their write completes."""
         losses = {"train_loss": self.last_train_loss, "val_loss": self.evaluator.last_val_loss}
         path = self.checkpointer.save(kind, losses)
-        if path is None:
-            return
-        self.guard.last_checkpoint = self.checkpointer.last_good
-        seconds = self.checkpointer.last_seconds
-        self.events.on_checkpoint(path, {"step": self.state.step, "kind": kind, "seconds": seconds})
+        if path is not None and kind != "best":  # on disk before the run ends, however it ends
+            self.guard.last_checkpoint = str(path)
+        self.report_checkpoints(wait=kind == "final")
+
+    def report_checkpoints(self, wait: bool = False) -> None:
+        """The checkpoint events of the writes completed (with `wait`, after the one in flight)."""
+        for written in self.checkpointer.finished(wait):
+            info = {"step": written.step, "kind": written.kind, "seconds": written.seconds}
+            self.events.on_checkpoint(written.path, info)
 
     # --- evaluation -------------------------------------------------------------------------------
 
@@ -359,6 +367,7 @@ class _Run:
     def _between_steps(self) -> None:
         """Evaluation and periodic checkpoints, when due, outside the throughput clock."""
         step = self.state.step
+        self.report_checkpoints()  # a background write that completed since the last step
         evaluate = self.evaluator.due(step, self.planned_steps)
         save = self.checkpointer.due(step, self.planned_steps)
         if not (evaluate or save):
@@ -371,9 +380,15 @@ class _Run:
         self.meter.start()
 
     def execute(self) -> dict[str, Any]:
-        """The run, holding its checkpoint folder (rank 0 of a real run; a dry run writes nothing)."""
+        """The run, holding its checkpoint folder (rank 0 of a real run; a dry run writes nothing). A run
+        that fails still lets the checkpoint write in flight finish and reports it before the failure."""
         with self.checkpointer.holding():
-            return self._execute()
+            try:
+                return self._execute()
+            except BaseException:
+                self.checkpointer.settle()
+                self.report_checkpoints()
+                raise
 
     def _execute(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -391,6 +406,7 @@ class _Run:
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):
                 raise
+            self.checkpointer.settle()  # the write in flight completes: the message can name it
             raise TrainingError(out_of_memory(self).response(error, self.checkpointer.latest())) from None
         self.evaluate()
         self.save("final")

@@ -21,7 +21,7 @@ from gptcore.batch_size import (
 from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
 from gptcore.errors import ConfigError, TrainingError
-from gptcore.memory import estimate_memory
+from gptcore.memory import StepMemory
 from gptcore.model import GPT
 from gptcore.synthetic import synthetic_stream
 from gptcore.trainer import TrainJob, train
@@ -84,16 +84,15 @@ def test_the_probe_passes_other_errors_through_and_says_when_nothing_fits() -> N
 
 def test_the_estimated_batch_is_the_largest_whose_estimate_fits_the_budget() -> None:
     budget = 200 * 2**20
-    choice = estimated_choice(TINY, 100_000, "fp32", False, "cpu", budget)
-
-    def estimate(size: int) -> int:
-        return estimate_memory(TINY, 100_000, size, "fp32", device="cpu")["total"]
+    memory = StepMemory(TINY, 100_000)
+    choice = estimated_choice(memory, budget)
+    estimate = memory.total
 
     usable = budget * (1 - MARGIN)
     assert choice.source == "estimated" and choice.figures["budget_bytes"] == budget
     assert estimate(choice.batch_size) <= usable < estimate(choice.batch_size + 1)
-    with pytest.raises(TrainingError, match="turn on --activation-checkpointing"):
-        estimated_choice(TINY, 100_000, "fp32", False, "cpu", 1 << 20)
+    with pytest.raises(TrainingError, match=r"batch size 1 fits on cpu .*: use --activation-checkpointing"):
+        estimated_choice(memory, 1 << 20)
 
 
 def test_a_probe_step_leaves_no_trace() -> None:

@@ -3,7 +3,9 @@ skipped for the one before it; `--resume` with nothing to resume from says so an
 
 from __future__ import annotations
 
+import datetime
 import errno
+import json
 import logging
 import os
 from pathlib import Path
@@ -15,9 +17,11 @@ import torch
 import gptcore.checkpoint as ckpt
 from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
-from gptcore.errors import CheckpointError
+from gptcore.errors import CheckpointError, DiskFullError
+from gptcore.fingerprint import sha256_file
 from gptcore.synthetic import synthetic_stream
 from gptcore.trainer import TrainJob, train
+from tests.disk_full_support import half_then_full, leftovers, snapshot
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300)
 TRAIN = synthetic_stream(300, 9 * 128, seed=1)
@@ -75,33 +79,34 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _no_space(*args: Any, **kwargs: Any) -> None:
-    handle = args[1]
-    handle.write(b"half a checkpoint")  # some bytes reach the disk before it fills
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
+@pytest.mark.parametrize("point", [0, 1, 2], ids=["weights", "record", "manifest"])
 def test_a_full_disk_keeps_the_previous_checkpoint_intact_and_loadable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: int
 ) -> None:
     interrupted_run(tmp_path, stop_at=5)  # step-2 and step-4 written
-    before = sorted(p.name for p in tmp_path.iterdir())
-    manifest = (tmp_path / "manifest.json").read_bytes()
-    monkeypatch.setattr(ckpt.torch, "save", _no_space)
+    before = snapshot(tmp_path)
+    real_write = ckpt.write_atomic
+    calls: list[Path] = []
+
+    def filling(target: Path, write: Any, before_rename: Any = None) -> Path:
+        calls.append(target)  # the checkpoint's files in order: its .pt, its record, the manifest
+        return real_write(target, half_then_full if len(calls) - 1 == point else write, before_rename)
+
+    monkeypatch.setattr(ckpt, "write_atomic", filling)
     events = StopAt()
-    with pytest.raises(CheckpointError) as failed:
+    with pytest.raises(DiskFullError) as failed:
         train(job(tmp_path, resume=True), events)
     message = str(failed.value)
-    assert message.endswith(
-        "checkpoint write failed (No space left on device); the previous checkpoint is kept"
-    )
-    assert "step-00000006.pt" in message and "\n" not in message
+    assert message.startswith(f"{tmp_path / 'step-00000006.pt'}: no space left on the disk: it needs about ")
+    assert f"the previous checkpoint {tmp_path / 'step-00000004.pt'} is kept" in message
+    assert message.endswith("free space and resume with --resume") and "\n" not in message
     assert events.failures == [message]
-    assert sorted(p.name for p in tmp_path.iterdir()) == before, "no temporary or half file left"
-    assert (tmp_path / "manifest.json").read_bytes() == manifest
-    monkeypatch.undo()
-    path, record, state = ckpt.load_latest_valid(tmp_path)
-    assert path.name == "step-00000004.pt" and record["step"] == state["step"] == 4
+    if point < 2:
+        assert snapshot(tmp_path) == before, "no temporary or half file left, nothing listed anew"
+    assert leftovers(tmp_path) == []
+    monkeypatch.undo()  # space freed: the run resumes and finishes
+    train(job(tmp_path, resume=True))
+    assert ckpt.load_checkpoint(tmp_path / "final.pt")["step"] == 10
 
 
 def test_a_write_refused_by_permissions_fails_clearly_and_lists_nothing_new(
@@ -186,3 +191,60 @@ def test_a_run_clears_the_half_written_files_a_killed_writer_left(tmp_path: Path
     train(job(tmp_path, resume=True))
     assert not stale.exists()
     assert ckpt.latest_checkpoint(tmp_path).name == "final.pt"
+
+
+def _rewrite(path: Path, change: str) -> None:
+    """Make `path` fail to load in one way, its record's sha256 updated so the hash still matches."""
+    sidecar = path.with_suffix(".json")
+    record = json.loads(sidecar.read_text())
+    state = torch.load(path, weights_only=True)
+    if change == "unpickling":
+        state["written"] = datetime.datetime(2026, 12, 3)  # not among the types weights_only loads
+    elif change == "wrong shape":
+        state["model"]["transformer.wte.weight"] = torch.zeros(3, 3)
+    elif change == "missing key":
+        del state["optimizer"]
+    if change == "older format":
+        record["format_version"] = 0
+    else:
+        torch.save(state, path)
+    record["sha256"] = sha256_file(path)
+    sidecar.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("change", ["unpickling", "wrong shape", "missing key", "older format"])
+def test_a_latest_checkpoint_that_matches_its_hash_but_does_not_load_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    train(job(tmp_path / "whole"))
+    interrupted_run(tmp_path / "broken", stop_at=7)  # step-4 and step-6 remain
+    latest, previous = tmp_path / "broken" / "step-00000006.pt", tmp_path / "broken" / "step-00000004.pt"
+    _rewrite(latest, change)
+    events = StopAt()
+    with caplog.at_level(logging.WARNING):
+        train(job(tmp_path / "broken", resume=True), events)
+    warning = next(r.getMessage() for r in caplog.records if str(latest) in r.getMessage())
+    assert warning.startswith(f"warning: {latest}: ")
+    assert warning.endswith(f"resuming from {previous} instead")
+    reason = {
+        "unpickling": "cannot be loaded (UnpicklingError)",
+        "wrong shape": "does not load into this run (RuntimeError: Error(s) in loading state_dict",
+        "missing key": "does not load into this run (KeyError: 'optimizer')",
+        "older format": "its record is in checkpoint format 0; this gptpipe reads 1",
+    }[change]
+    assert reason in warning
+    assert events.start["start_step"] == 4
+    assert same(final_weights(tmp_path / "whole"), final_weights(tmp_path / "broken"))
+
+
+def test_with_no_checkpoint_that_loads_resume_stops_and_deletes_nothing(tmp_path: Path) -> None:
+    interrupted_run(tmp_path, stop_at=5)  # step-2 and step-4
+    for path in tmp_path.glob("step-*.pt"):
+        _rewrite(path, "missing key")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(CheckpointError) as refused:
+        train(job(tmp_path, resume=True))
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path}: no intact checkpoint to resume from (nothing was deleted)")
+    assert "step-00000004.pt: does not load" in message and "step-00000002.pt: does not load" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

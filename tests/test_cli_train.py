@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -269,3 +270,25 @@ def test_a_terminal_gets_a_progress_bar_and_the_summary_and_json_gets_every_line
     assert code == 0, shown
     events = re.findall(r'\{"event": "(\w+)"', shown)
     assert events[0] == "startup" and events[-1] == "summary" and "step" in events and "6/6" not in shown
+
+
+def test_a_parameter_file_piped_from_the_shell_is_read(tmp_path: Path) -> None:
+    """`gptpipe train --params <(...)`: the path is a pipe, readable once; a missing path stays refused."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, (ROOT / "params" / "iteration_1.yaml").read_bytes())
+    os.close(write_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "train", "--params", f"/dev/fd/{read_end}", "--dry-run"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            pass_fds=(read_end,),
+        )
+    finally:
+        os.close(read_end)
+    assert result.returncode == 0, result.stderr
+    assert _lines(result.stdout)[0]["parameter_count"] == 5_322_240
+    assert main(["train", "--params", str(tmp_path / "missing.yaml"), "--dry-run"]) == 2
+    assert main(["train", "--params", str(tmp_path), "--dry-run"]) == 2  # a folder: named as one

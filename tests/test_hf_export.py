@@ -18,12 +18,13 @@ from gptcore.config import (
     TrainingConfig,
 )
 from gptcore.corpus import load_corpus
-from gptcore.errors import ConfigError
+from gptcore.errors import ConfigError, DiskFullError
 from gptcore.generate import Completer, load_model
 from gptcore.hf_export import export_hf
 from gptcore.token_build import build_token_files
 from gptcore.tokenizer_training import train_tokenizer
 from gptcore.trainer import TrainJob, train
+from tests.disk_full_support import leftovers, no_space, snapshot
 
 transformers = pytest.importorskip("transformers")  # the `hf` extra, which `make test` installs
 
@@ -98,3 +99,37 @@ def test_an_export_never_overwrites_a_folder_that_holds_something(tmp_path: Path
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     export_hf(model, tokenizer_path, tmp_path / "busy", force=True)
     assert (tmp_path / "busy" / "config.json").is_file() and not (tmp_path / "busy" / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("point", ["weights", "config", "tokenizer"])
+def test_a_full_disk_during_an_export_keeps_the_earlier_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    import safetensors.torch
+
+    from gptcore import hf_export
+
+    checkpoint, tokenizer_path, _, _ = trained_model(tmp_path, bias=True)
+    model, _ = load_model(checkpoint)
+    output = export_hf(model, tokenizer_path, tmp_path / "export")
+    before = snapshot(output)
+
+    def filling(*args: object, **kwargs: object) -> None:
+        raise no_space()
+
+    if point == "weights":
+        monkeypatch.setattr(safetensors.torch, "save_file", filling)
+    elif point == "config":
+        monkeypatch.setattr(hf_export, "_json", filling)
+    else:
+        monkeypatch.setattr(hf_export.shutil, "copyfile", filling)
+    with pytest.raises(DiskFullError) as full:
+        export_hf(model, tokenizer_path, output, force=True)
+    weights = 4 * sum(p.numel() for p in hf_export.gpt2_state_dict(model).values())
+    message = str(full.value)
+    needs = f"it needs about {(weights + tokenizer_path.stat().st_size) / 1e6:,.1f} MB"
+    assert message.startswith(f"{output}: no space left on the disk: {needs}")
+    assert message.endswith("the earlier export is unchanged; free space and run again")
+    assert snapshot(output) == before and leftovers(tmp_path) == []
+    monkeypatch.undo()
+    assert export_hf(model, tokenizer_path, output, force=True) == output

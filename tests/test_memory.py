@@ -15,7 +15,7 @@ from gptcore import memory as memory_module
 from gptcore import model as model_module
 from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig, load_profile
-from gptcore.memory import estimate_memory
+from gptcore.memory import StepMemory
 from gptcore.model import GPT
 from gptcore.synthetic import synthetic_stream
 from gptcore.trainer import TrainJob, train
@@ -114,8 +114,8 @@ def test_a_model_with_activation_checkpointing_returns_the_loss_without_whole_lo
 def test_the_estimate_counts_what_activation_checkpointing_keeps() -> None:
     config = load_profile("gpt_42m").architecture
     parameters = 41_938_560
-    plain = estimate_memory(config, parameters, 2, "fp32")
-    lean = estimate_memory(config, parameters, 2, "fp32", activation_checkpointing=True)
+    plain = StepMemory(config, parameters).estimate(2)
+    lean = StepMemory(config, parameters, activation_checkpointing=True).estimate(2)
     assert lean["weights"] == plain["weights"] and lean["optimizer"] == plain["optimizer"]
     assert lean["activations"] < plain["activations"] / 4
     assert lean["logits"] == model_module.LOSS_CHUNK_TOKENS * config.vocab_size * 8  # one piece, fp32
@@ -124,10 +124,20 @@ def test_the_estimate_counts_what_activation_checkpointing_keeps() -> None:
 
 def test_the_estimate_has_a_host_allocator_share_on_cpu_only_and_grows_with_the_batch() -> None:
     config = load_profile("gpt_first_cpu").architecture
-    cpu = estimate_memory(config, 5_322_240, 8, "fp32", device="cpu")
-    cuda = estimate_memory(config, 5_322_240, 8, "fp32", device="cuda")
+    on_cpu = StepMemory(config, 5_322_240, device="cpu")
+    cpu, cuda = on_cpu.estimate(8), StepMemory(config, 5_322_240, device="cuda").estimate(8)
     assert cpu["host_allocator"] > 0 and cuda["host_allocator"] == 0
     assert cuda["total"] == cpu["total"] - cpu["host_allocator"]
-    assert estimate_memory(config, 5_322_240, 16, "fp32")["total"] > cpu["total"]
-    accumulating = estimate_memory(config, 5_322_240, 8, "fp32", grad_accum_steps=2)
-    assert accumulating["total"] > cpu["total"]  # gradients are alive through the next forward pass
+    assert on_cpu.total(16) > cpu["total"]
+    assert on_cpu.total(8, grad_accum_steps=2) > cpu["total"]  # gradients alive through the next forward
+
+
+def test_a_checkpoint_snapshot_counts_on_the_host_and_can_be_the_peak() -> None:
+    config = load_profile("gpt_100m").architecture
+    parameters = 98_425_344
+    plain = StepMemory(config, parameters).estimate(1)
+    snapshotting = StepMemory(config, parameters, checkpoint_snapshot=True).estimate(1)
+    assert snapshotting["checkpoint_snapshot"] == 12 * parameters  # weights and moments, fp32
+    assert snapshotting["total"] > plain["total"]  # at batch 1 the snapshot outweighs the activations
+    on_gpu = StepMemory(config, parameters, device="cuda", checkpoint_snapshot=True).estimate(1)
+    assert on_gpu["checkpoint_snapshot"] == 0  # it lives in host memory

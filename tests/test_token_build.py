@@ -14,14 +14,16 @@ import pytest
 from tokenizers import Tokenizer, normalizers
 
 from gptcore import token_build
+from gptcore.atomic_write import write_atomic
 from gptcore.config import CorpusConfig, TokenizerConfig
 from gptcore.corpus import Corpus, load_corpus
-from gptcore.errors import ConfigError, DataError
+from gptcore.errors import ConfigError, DataError, DiskFullError
 from gptcore.fast_encode import HFEncoder, TiktokenEncoder, make_encoder, why_not_tiktoken
 from gptcore.fingerprint import sha256_file
 from gptcore.token_build import build_token_files, read_token_folder_manifest, token_files_fingerprint
 from gptcore.tokenfile import check_vocabulary, open_tokens
 from gptcore.tokenizer_training import TokenizerManifest, train_tokenizer
+from tests.disk_full_support import half_then_full, leftovers, open_filling, snapshot
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -157,3 +159,33 @@ def test_bad_encoder_names_and_out_of_vocabulary_ids_are_refused(corpus, tokeniz
     with pytest.raises(DataError, match=r"train.bin: encoder produced id 9999 outside the vocabulary 512"):
         build_token_files(corpus, tokenizer, tmp_path, verify_fraction=0.0)
     assert list((tmp_path / "tokens").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "point", ["train.bin", "validation.bin", "manifest"], ids=["first-split", "later-split", "manifest"]
+)
+def test_a_full_disk_names_the_folder_and_the_bytes_and_keeps_the_earlier_build(
+    corpus, tokenizer, tmp_path, monkeypatch, point
+):
+    earlier = build_token_files(corpus, tokenizer, tmp_path)
+    folder = Path(earlier.train.path).parent
+    before = snapshot(folder)
+    if point == "manifest":
+        from gptcore import tokenfile
+
+        monkeypatch.setattr(
+            tokenfile, "write_text_atomic", lambda target, text: write_atomic(target, half_then_full)
+        )
+    else:
+        monkeypatch.setattr(token_build, "open", open_filling(point, room=4096), raising=False)
+    with pytest.raises(DiskFullError) as full:
+        build_token_files(corpus, tokenizer, tmp_path)
+    message = str(full.value)
+    text_bytes = sum(stats.bytes for stats in corpus.stats.values())
+    assert message.startswith(
+        f"{folder}: no space left on the disk: it needs about {text_bytes * 2 / 1e6:,.1f} MB"
+    )
+    assert message.endswith(f"the earlier {folder.name} is unchanged; free space and run again")
+    assert leftovers(folder.parent) == [] and snapshot(folder) == before
+    monkeypatch.undo()  # space freed: the same build runs through
+    assert build_token_files(corpus, tokenizer, tmp_path).train.sha256 == earlier.train.sha256
