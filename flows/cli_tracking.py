@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,14 +53,14 @@ def ui_command(
         print(f"warning: --host {host}: the MLflow UI will be reachable from other machines", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
     print(f"MLflow UI: http://{shown}:{port}  (store {target.uri}; Ctrl-C stops it)", flush=True)
-    try:
-        result = subprocess.run(server_command(target, host, port), check=False)
+    from gptcore.launch import run_process_tree
+
+    try:  # Ctrl-C and SIGTERM stop the server and its workers, the whole tree
+        code = run_process_tree(server_command(target, host, port), lambda line: print(line, flush=True))
     except KeyboardInterrupt:
         return
-    if result.returncode not in (0, -2, 130):
-        raise ConfigError(
-            f"mlflow server exited with status {result.returncode} (is port {port} in use? try --port)"
-        )
+    if code not in (0, -2, -15, 130, 143):
+        raise ConfigError(f"mlflow server exited with status {code} (is port {port} in use? try --port)")
 
 
 def compare_command(

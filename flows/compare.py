@@ -23,7 +23,7 @@ from gptcore.comparison import (
     print_comparison,
     train_side,
 )
-from gptcore.errors import ConfigError
+from gptcore.errors import ConfigError, first_line
 from gptcore.records import table_columns
 
 
@@ -104,9 +104,7 @@ def run_comparison(
         )
         result = compare_runs(session, run_ids, plan.axis, parent_run_id=parent, inference=inference)
     except BaseException as error:
-        session.client.set_tag(
-            parent, "failure_reason", str(error).splitlines()[0] if str(error) else "stopped"
-        )
+        session.client.set_tag(parent, "failure_reason", first_line(error))
         session.client.set_terminated(parent, "FAILED")
         raise
     finally:

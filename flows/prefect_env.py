@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gptcore.launch import LAUNCHER_PID_VARIABLE
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PREFECT_TOML = PROJECT_ROOT / "prefect.toml"
 # Settings whose values are paths, relative to the project root in prefect.toml.
@@ -106,6 +108,7 @@ class TemporaryServer:
         port = _free_port()
         env = {
             **os.environ,
+            LAUNCHER_PID_VARIABLE: str(os.getpid()),  # the server stops when this process dies
             "PREFECT_UI_ENABLED": "0",
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",

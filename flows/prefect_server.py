@@ -12,6 +12,9 @@ from flows.gc_tuning import bulk_imports
 
 
 def main() -> None:
+    from gptcore.launch import die_with_parent
+
+    die_with_parent()  # `gptpipe run` killed in any way takes its temporary server along
     with bulk_imports():
         import prefect.server.api.server  # noqa: F401  (the app factory uvicorn is about to load)
         from uvicorn.main import main as uvicorn_main

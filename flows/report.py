@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gptcore.config import STAGES
+from gptcore.errors import first_line
 from tasks.caching import StageOutcome
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class PipelineReport:
         try:
             outcome = run()
         except BaseException as error:
-            self.outcomes[name] = StageOutcome(name, "failed", message=str(error).splitlines()[0][:500])
+            self.outcomes[name] = StageOutcome(name, "failed", message=first_line(error, 500))
             self.stopped = f"stage {name} failed"
             raise
         self.outcomes[name] = outcome

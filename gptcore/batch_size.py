@@ -21,7 +21,7 @@ import psutil
 import torch
 
 from gptcore.config import ModelConfig
-from gptcore.errors import ConfigError, TrainingError
+from gptcore.errors import ConfigError, TrainingError, first_line
 from gptcore.guards import is_out_of_memory
 from gptcore.memory import StepMemory
 
@@ -207,7 +207,7 @@ class OutOfMemory:
         """The course's response, in one message: what ran out at which batch and sequence length, the
         batch to try, that the change is recorded, and where the rerun goes."""
         what = "GPU memory" if self.device == "cuda" else "host memory"
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        detail = first_line(error)
         size, accum, why = self.smaller_batch()
         effective = self.batch_size * self.grad_accum_steps * self.world_size
         budget = f" of {self.budget * (1 - MARGIN) / 2**30:.2f} GiB usable" if self.budget else ""

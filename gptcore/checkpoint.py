@@ -23,7 +23,7 @@ import torch
 
 from gptcore.atomic_write import write_atomic
 from gptcore.disk_space import disk_full, is_disk_full
-from gptcore.errors import CheckpointError
+from gptcore.errors import CheckpointError, first_line
 from gptcore.fingerprint import sha256_file
 
 FORMAT_VERSION = 1
@@ -238,8 +238,9 @@ def resume_from(
         try:
             restore(path, record, state)
         except LOAD_ERRORS as error:
-            detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-            failures.append(f"{path}: does not load into this run ({type(error).__name__}: {detail})")
+            failures.append(
+                f"{path}: does not load into this run ({type(error).__name__}: {first_line(error, 200)})"
+            )
             continue
         for failure in failures:
             log.warning("warning: %s; resuming from %s instead", failure, path)

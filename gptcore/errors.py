@@ -91,3 +91,11 @@ def _requirement(package: str) -> str:
 
 class DiskFullError(GptpipeError):
     """A write ran out of disk space (or quota): what, how much it needs, and that nothing was left half."""
+
+
+def first_line(error: BaseException, limit: int | None = None) -> str:
+    """An error as one line: its message's first line (at most `limit` characters), or its type's name
+    when it has no message (a signal, a bare KeyboardInterrupt)."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line[:limit] if limit else line

@@ -244,10 +244,11 @@ def run_process_tree(
 # --- the torchrun entry point (`python -m gptcore.launch ...`) -----------------------------------------
 
 
-def _die_with_launcher() -> None:
-    """Ask Linux to SIGTERM us when the launching process dies (torchrun then stops its ranks), and
-    watch for it having died already before the request took effect."""
-    expected = os.environ.get(LAUNCHER_PID_VARIABLE)
+def die_with_parent(variable: str = LAUNCHER_PID_VARIABLE) -> None:
+    """Ask Linux to SIGTERM this process when the process that started it dies (however it dies: a
+    SIGKILL leaves no handler to clean up), and watch for it having died already before the request
+    took effect: `variable` holds the parent's PID as the parent saw it."""
+    expected = os.environ.get(variable)
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
@@ -267,7 +268,7 @@ def torchrun_main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    _die_with_launcher()
+    die_with_parent()  # torchrun then stops its ranks
     args = parse_args(list(argv))
     started = time.monotonic()
     try:

@@ -19,7 +19,7 @@ import torch
 
 from gptcore import host_memory
 from gptcore.config import ConcreteDevice, ConcretePrecision, DeviceDefaults, ModelProfile, RuntimeConfig
-from gptcore.errors import DeviceError
+from gptcore.errors import DeviceError, first_line
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -201,7 +201,7 @@ def cuda_errors_as_device_errors() -> Iterator[None]:
     except RuntimeError as error:
         if "CUDA" not in str(error) or "out of memory" in str(error):
             raise
-        raise DeviceError(f"CUDA failed to start: {str(error).splitlines()[0]}") from None
+        raise DeviceError(f"CUDA failed to start: {first_line(error)}") from None
 
 
 def processor_name() -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.callbacks import TrainingCallback
+from gptcore.errors import first_line
 from gptcore.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 from tasks.tracking.datasets import token_file_inputs
 from tasks.tracking.store import redact
@@ -214,7 +215,7 @@ class MLflowCallback(TrainingCallback):
                     self.client, self.experiment_id, self.run_id, path, kind, {"stage": self.run_name}
                 )
             except (GptpipeError, OSError, KeyError) as error:  # the checkpoint, not the store
-                self.writer.note(f"logged model {kind}: {str(error).splitlines()[0]}")
+                self.writer.note(f"logged model {kind}: {first_line(error)}")
                 return None
 
         model_id = self.writer.ask("log_model", log)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gptcore.errors import GptpipeError
+from gptcore.errors import GptpipeError, first_line
 from tasks.tracking.store import connect, redact, resolve_target
 
 EXPECTED = "models:/NAME@ALIAS, models:/NAME/VERSION, models:/MODEL_ID or a model folder"
@@ -44,7 +44,7 @@ def artifact_location(client: Any, uri: str) -> str:
 
 
 def _not_found(uri: str, target: Any, error: BaseException) -> ModelNotFound:
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    reason = first_line(error)
     return ModelNotFound(
         f"--model {uri}: cannot be loaded from {redact(target.uri)} ({reason[:300]}); expected {EXPECTED}"
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from gptcore.errors import GptpipeError
+from gptcore.errors import GptpipeError, first_line
 
 DEFAULT_STORE = "mlruns/mlflow.db"
 DEFAULT_ARTIFACTS = "mlruns/artifacts"
@@ -120,7 +120,7 @@ def connect(target: TrackingTarget) -> Any:
     try:
         client.search_experiments(max_results=1)
     except Exception as error:  # MLflow raises many kinds for a store it cannot open
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        first = first_line(error)
         raise TrackingError(f"tracking store {redact(target.uri)} cannot be used: {redact(first)}") from None
     return client
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gptcore.errors import first_line
 from tasks.tracking.store import redact
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limits on one value and on one log_batch call
@@ -219,7 +220,7 @@ class RunWriter:
             try:
                 result = call.function(*call.args, **call.kwargs)
             except Exception as error:  # the store may fail in any way; the caller must not
-                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                reason = first_line(error)
                 self._count(failed_calls=1, last_error=f"{call.what}: {redact(reason)}")
                 if attempt < self.retries:
                     time.sleep(self.backoff_seconds * 2**attempt)

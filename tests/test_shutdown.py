@@ -1,0 +1,132 @@
+"""Commands that start servers stop their whole process tree on SIGINT and SIGTERM, within 10 s, and
+leave the port free: `gptpipe ui` (an MLflow server and its workers) and `gptpipe run`'s temporary
+Prefect server, which goes with `gptpipe run` even when that is killed outright."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.process_support import free_port, stop_process_group
+
+REPO = Path(__file__).resolve().parent.parent
+GRACE = 10.0  # what the issue allows for the whole tree to go
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{what} within {seconds:.0f} s")
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def alive(tree: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_gptpipe_ui_stops_the_server_and_its_workers(tmp_path: Path, signum: int) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    params = tmp_path / "p.yaml"  # a store of its own, not the project's
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params.write_text(f"iteration: 1\nmodel: gpt_first_cpu\ntracking: {{uri: '{store}'}}\n")
+    command = [sys.executable, "-m", "flows.cli", "ui", "--params", str(params), "--port", str(port)]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,  # the test's own group, as a terminal would
+    )  # fmt: skip
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), 120, "the MLflow UI answered")
+        tree = psutil.Process(process.pid).children(recursive=True)
+        assert len(tree) >= 2, "the server and its worker run in processes of their own"
+        started = time.monotonic()
+        process.send_signal(signum)  # to `gptpipe ui` alone, not its group: it must stop the tree itself
+        process.wait(timeout=GRACE + 5)
+        wait_for(lambda: not alive(tree), GRACE, "every process of the tree stopped")
+        assert time.monotonic() - started <= GRACE
+        wait_for(lambda: port_free(port), 5, "the port was free again")
+    finally:
+        stop_process_group(process, grace_seconds=5)
+
+
+def test_a_killed_gptpipe_run_takes_its_temporary_prefect_server_along(tmp_path: Path) -> None:
+    """SIGKILL leaves no handler to run: the server stops itself when its parent dies."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(REPO))
+    code = (
+        "import time; from flows.prefect_env import TemporaryServer; server = TemporaryServer(); "
+        "server.start(); server.wait(); print(server.api_url, flush=True); time.sleep(600)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        api = process.stdout.readline().strip()
+        assert api.startswith("http://127.0.0.1:"), api
+        port = int(api.split(":")[2].split("/")[0])
+        tree = psutil.Process(process.pid).children(recursive=True)
+        assert tree and answers(f"{api}/health")
+        process.kill()
+        process.wait(timeout=5)
+        wait_for(lambda: not alive(tree), GRACE, "the temporary Prefect server stopped")
+        wait_for(lambda: port_free(port), 5, "the port was free again")
+    finally:
+        stop_process_group(process, grace_seconds=5)
+
+
+@pytest.mark.slow
+def test_gptpipe_run_stopped_by_sigterm_mid_training_leaves_no_process_behind(tmp_path: Path) -> None:
+    from tests.test_pipeline import GPTPIPE, write_corpus, write_params
+
+    write_corpus(tmp_path)
+    params = write_params(tmp_path, full_steps=400, checkpoint_every=20)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # its own temporary server
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    log = tmp_path / "run.log"  # a file, not a pipe nobody reads while the run fills it
+    process = subprocess.Popen(
+        [*GPTPIPE, "run", "--params", str(params)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+        stderr=log.open("w"), start_new_session=True,
+    )  # fmt: skip
+    try:
+        checkpoints = tmp_path / "checkpoints"
+        wait_for(lambda: any(checkpoints.glob("*-full-*/step-*.json")), 240, "full training checkpointed")
+        tree = psutil.Process(process.pid).children(recursive=True)
+        assert tree, "the temporary Prefect server runs beside it"
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=GRACE)
+        wait_for(lambda: not alive(tree), GRACE, "the temporary Prefect server stopped")
+        assert process.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+        assert "Traceback" not in log.read_text()
+    finally:
+        stop_process_group(process, grace_seconds=5)
