@@ -9,7 +9,6 @@ failure a user can act on comes out as one line on stderr and a non-zero exit, n
 
 from __future__ import annotations
 
-import signal
 import sys
 
 import click
@@ -100,25 +99,7 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except BaseException as error:
-        signum = termination_signal(error)
-        if signum is None:
-            raise
-        print(
-            f"error: stopped by {signal.Signals(signum).name}; finished stages stay cached, and a rerun "
-            "resumes training from its latest checkpoint",
-            file=sys.stderr,
-        )
-        return 128 + signum
     return result if isinstance(result, int) else 0
-
-
-def termination_signal(error: BaseException) -> int | None:
-    """The signal number when `error` is Prefect's way of ending a flow run on SIGTERM, else None."""
-    exceptions = sys.modules.get("prefect.exceptions")
-    if exceptions is not None and isinstance(error, exceptions.TerminationSignal):
-        return int(error.signal)
-    return None
 
 
 def entry() -> None:

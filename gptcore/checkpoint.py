@@ -131,7 +131,6 @@ def save_checkpoint(
     started = time.perf_counter()
     directory = Path(directory)
     path = directory / f"{name}.pt"
-    previous = latest_checkpoint(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, lambda handle: torch.save(state, handle))
@@ -144,6 +143,7 @@ def save_checkpoint(
         _fsync_directory(directory)
     except OSError as error:
         _forget_unlisted(directory, name)
+        previous = latest_checkpoint(directory)  # the manifest lists what it did before the failed save
         kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
         if is_disk_full(error):
             advice = f"{kept}; free space and resume with --resume"

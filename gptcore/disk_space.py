@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from gptcore.errors import DiskFullError
@@ -43,11 +43,11 @@ def disk_full(target: Path, needed: int | None, kept: str) -> DiskFullError:
 
 
 @contextlib.contextmanager
-def space_for(target: Path, needed: Callable[[], int | None], kept: str) -> Iterator[None]:
+def space_for(target: Path, needed: int | None, kept: str) -> Iterator[None]:
     """Run the block; an out-of-space error inside it becomes `disk_full` (the others pass through)."""
     try:
         yield
     except OSError as error:
         if not is_disk_full(error):
             raise
-        raise disk_full(target, needed(), kept) from None
+        raise disk_full(target, needed, kept) from None

@@ -98,7 +98,7 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
     eot_id, eot = end_of_text_of(tokenizer_path)
     weights = gpt2_state_dict(model)
     needed = sum(t.numel() * t.element_size() for t in weights.values()) + tokenizer_path.stat().st_size
-    with staging_directory(output, needed=lambda: needed) as folder:
+    with staging_directory(output, needed) as folder:
         save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
         _json(folder / "config.json", gpt2_config(model, eot_id))
         shutil.copyfile(tokenizer_path, folder / "tokenizer.json")

@@ -113,13 +113,18 @@ class StepMemory:
         return self.estimate(batch_size, grad_accum_steps)["total"]
 
 
-def resident_bytes() -> int | None:
-    """The process's resident set now (Linux), else None."""
+def _status_bytes(field: str) -> int | None:
+    """A size from /proc/self/status (Linux: `VmRSS`, `VmHWM`), in bytes; None elsewhere."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024  # kB
     return None
+
+
+def resident_bytes() -> int | None:
+    """The process's resident set now (Linux), else None."""
+    return _status_bytes("VmRSS")
 
 
 def reset_peak_memory(device: str) -> bool:
@@ -140,10 +145,9 @@ def peak_memory_bytes(device: str) -> int:
     the last reset on Linux (VmHWM), else over the process's whole life."""
     if device == "cuda":
         return int(torch.cuda.max_memory_allocated())
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
+    high_water = _status_bytes("VmHWM")
+    if high_water is not None:
+        return high_water
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
 

@@ -13,7 +13,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from gptcore.disk_space import space_for
@@ -31,9 +31,9 @@ def remove_abandoned(parent: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def staging_directory(final: Path, needed: Callable[[], int | None] = lambda: None) -> Iterator[Path]:
+def staging_directory(final: Path, needed: int | None = None) -> Iterator[Path]:
     """A fresh hidden folder beside `final`; removed on the way out unless it was published. Running out
-    of disk space inside is one `DiskFullError` naming `final` and about the bytes `needed()`."""
+    of disk space inside is one `DiskFullError` naming `final` and about the bytes `needed`."""
     parent = final.parent
     earlier = f"the earlier {final.name} is unchanged" if final.exists() else "nothing was published"
     kept = f"{earlier}; free space and run again"

@@ -271,7 +271,7 @@ def build_token_files(
     # At most one token a text byte (byte-level BPE), at the token files' width.
     itemsize = np.dtype(dtype_for_vocab(tokenizer.vocab_size)).itemsize
     needed = sum(stats.bytes for stats in corpus.stats.values()) * itemsize
-    with staging_directory(final, needed=lambda: needed) as staging:
+    with staging_directory(final, needed) as staging:
         try:
             written = _write_splits(corpus, tokenizer, staging, chosen, reference, verify_fraction)
         except EncoderMismatch as mismatch:
