@@ -1,10 +1,11 @@
 """`gptpipe`: the command line, a thin door onto flows and gptcore.
 
 The commands are plain functions in `cli_pipeline.py` (run), `cli_train.py` (device, train, generate)
-and `cli_tracking.py` (ui, compare), registered here and nowhere else; what several take alike (the
-parameter file, choices from the config's types) is in `cli_options.py`. They import heavy libraries
-(torch, Prefect, MLflow) only when they run, so `gptpipe --help` and bad flags answer quickly. Every
-failure a user can act on comes out as one line on stderr and a non-zero exit, never a traceback.
+and `cli_tracking.py` (ui, compare, tracking replay), registered here and nowhere else; what several
+take alike (the parameter file, choices from the config's types) is in `cli_options.py`. They import
+heavy libraries (torch, Prefect, MLflow) only when they run, so `gptpipe --help` and bad flags answer
+quickly. Every failure a user can act on comes out as one line on stderr and a non-zero exit, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _register_commands() -> None:
         return
     from flows.cli_models import export_command, quantize_command, serve_command
     from flows.cli_pipeline import run, sweep_command
-    from flows.cli_tracking import compare_command, ui_command
+    from flows.cli_tracking import compare_command, replay_command, ui_command
     from flows.cli_train import device_command, generate_command, train_command
 
     for name, command in (
@@ -60,6 +61,9 @@ def _register_commands() -> None:
         ("compare", compare_command),
     ):
         app.command(name)(command)
+    tracking = typer.Typer(name="tracking", help="The tracking records of runs whose store was away.")
+    tracking.command("replay")(replay_command)
+    app.add_typer(tracking)
 
 
 def _usage_line(error: Exception) -> str:

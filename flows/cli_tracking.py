@@ -165,3 +165,43 @@ def _compare_in_a_flow(
         validation_tokens=validation_tokens,
         tokenizer=tokenizer,
     )
+
+
+def replay_command(
+    outbox: Path = typer.Argument(..., help="an outbox file, as a run's warning named it"),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="the store to send to (default: MLFLOW_TRACKING_URI, else the outbox's)"
+    ),
+) -> None:
+    """Send the tracking records a run left in an outbox (its store was away) to the store, in order."""
+    import os
+
+    from tasks.tracking.outbox import Outbox
+    from tasks.tracking.store import TrackingError, connect, redact, resolve_target
+    from tasks.tracking.writer import RunWriter
+
+    if not outbox.exists():
+        raise ConfigError(f"{outbox}: not found (an outbox file, as a run's warning named it)")
+    if outbox.is_dir():
+        raise ConfigError(f"{outbox}: is a folder; pass one outbox file (*.jsonl) in it")
+    box = Outbox.open(outbox)
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or box.tracking_uri
+    if not uri or "***" in uri:
+        raise ConfigError(f"{outbox}: its store is not recorded in full; pass --tracking-uri")
+    os.environ["MLFLOW_TRACKING_URI"] = uri  # resolve_target's first choice: this store, nothing else
+    target = resolve_target()
+    report = RunWriter.replay(connect(target), box, name="mlflow-replay")
+    shown = redact(target.uri)
+    skipped = f"; {report.skipped_records} skipped ({report.last_error})" if report.skipped_records else ""
+    print(f"sent {report.delivered_late} records ({report.sent_metrics} metric values) to {shown}{skipped}")
+    if report.given_up_calls or report.dropped_metrics:
+        print(
+            f"warning: the store refused {report.given_up_calls} records and {report.dropped_metrics} metric "
+            f"values ({report.last_error})",
+            file=sys.stderr,
+        )
+    if report.waiting_records:
+        raise TrackingError(
+            f"{outbox}: {report.waiting_records} records still wait ({report.last_error}); run this again "
+            "once the store answers"
+        )

@@ -15,8 +15,9 @@ from tracking_support import fresh_store, three_step_job
 from gptcore.config import TrackingConfig
 from gptcore.records import END_METRICS, STEP_METRICS
 from tasks.stage_results import StageResult
-from tasks.tracking import PipelineRecorder, TrackingSession, training_metadata
+from tasks.tracking import PipelineRecorder, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.callback import MLflowCallback
+from tasks.tracking.outbox import Outbox
 from tasks.tracking.store import TrackingError, connect, environment_tags, redact, resolve_target
 
 STARTUP = {
@@ -290,6 +291,7 @@ def flaky_callback(session: TrackingSession, failures: int) -> MLflowCallback:
         system_metrics=False,
         flush_seconds=0.05,
         backoff_seconds=0.01,
+        outbox=session.outbox,
     )
 
 
@@ -306,7 +308,7 @@ def test_failed_logging_calls_are_retried_counted_and_training_never_sees_them(
     assert "2 logging calls failed and were retried" in capsys.readouterr().err
 
 
-def test_a_store_that_stays_down_loses_metrics_but_the_run_still_ends(
+def test_a_store_that_stays_down_leaves_the_records_in_an_outbox_that_replay_delivers(
     session: TrackingSession, capsys: pytest.CaptureFixture[str]
 ) -> None:
     callback = flaky_callback(session, failures=10**6)
@@ -314,10 +316,17 @@ def test_a_store_that_stays_down_loses_metrics_but_the_run_still_ends(
     for n in range(1, 4):
         callback.on_step(step(n, 3.0))
     callback.on_end({"steps": 3})
-    assert callback.report["given_up_calls"] >= 1
-    assert callback.report["dropped_metrics"] == 3 * len(STEP_METRICS) + 0
+    report = callback.report
+    assert report["store_down"] and report["dropped_metrics"] == 0 and report["given_up_calls"] == 0
+    outbox = Path(report["outbox"])
+    assert outbox.parent == session.outbox and report["waiting_records"] >= 3 * len(STEP_METRICS)
+    assert f"records wait in {outbox}" in capsys.readouterr().err
+    assert session.client.get_run(callback.run_id).info.status == "RUNNING"  # its end waits too
+
+    replayed = RunWriter.replay(session.client, Outbox.open(outbox))
+    assert (replayed.waiting_records, replayed.given_up_calls) == (0, 0) and not outbox.exists()
+    assert history(session, callback.run_id, "train_loss") == [(1, 3.0), (2, 3.0), (3, 3.0)]
     assert session.client.get_run(callback.run_id).info.status == "FINISHED"
-    assert "given up" in capsys.readouterr().err
 
 
 def test_a_failed_training_ends_its_run_failed_with_the_reason(session: TrackingSession) -> None:

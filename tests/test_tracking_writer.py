@@ -13,7 +13,8 @@ from tracking_support import fresh_store, three_step_job
 from gptcore.config import TrackingConfig
 from gptcore.trainer import train
 from tasks.tracking import MLflowCallback, RunWriter, TrackingSession, training_metadata
-from tasks.tracking.writer import PARAM_VALUE_LIMIT
+from tasks.tracking.operations import PARAM_VALUE_LIMIT
+from tasks.tracking.outbox import Outbox
 
 
 @pytest.fixture
@@ -35,6 +36,25 @@ class CountingClient:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+
+class SwitchedClient:
+    """A store that refuses connections while `away`, as a stopped server does."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self.away = client, False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.away:
+                raise ConnectionRefusedError(111, "Connection refused")
+            return attribute(*args, **kwargs)
+
+        return call
 
 
 class HangingClient:
@@ -79,12 +99,18 @@ def test_params_and_tags_are_redacted_truncated_and_sent_in_batches_mlflow_accep
     assert (report.sent_metrics, report.failed_calls, report.store_down) == (4, 0, False)
 
 
-def test_a_store_lost_before_the_run_is_created_leaves_training_untracked_not_held(
+def test_a_store_lost_before_the_run_is_created_holds_nothing_and_its_run_is_created_by_replay(
     session: TrackingSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client = HangingClient(session.client, {"create_run", "log_batch"})
     callback = MLflowCallback(
-        client, session.target.uri, session.experiment_id, "lost", system_metrics=False, answer_seconds=0.5
+        client,
+        session.target.uri,
+        session.experiment_id,
+        "lost",
+        system_metrics=False,
+        answer_seconds=0.5,
+        outbox=tmp_path / "outbox",
     )
     job = three_step_job(tmp_path / "ckpt", training_metadata([callback]))
     started = time.perf_counter()
@@ -92,14 +118,22 @@ def test_a_store_lost_before_the_run_is_created_leaves_training_untracked_not_he
     assert time.perf_counter() - started < 30  # not the minutes the store would hold it
     client.release.set()
     assert summary["steps"] == 3 and (tmp_path / "ckpt" / "final.pt").is_file()
-    assert callback.run_id is None and "mlflow_run_id" not in job.metadata
+    assert callback.run_id.startswith("pending-") and "mlflow_run_id" not in job.metadata
     err = capsys.readouterr().err
-    assert "could not be created (create_run: the tracking store did not answer within 0.5 s)" in err
-    assert "training goes on without tracking" in err
+    assert "waits for the tracking store (create_run: the tracking store did not answer within 0.5 s)" in err
+    outbox = Path(callback.report["outbox"])
+    assert f"{callback.report['waiting_records']} records wait in {outbox}" in err
+
+    replayed = RunWriter.replay(session.client, Outbox.open(outbox))
+    assert replayed.waiting_records == 0 and not outbox.exists()
+    (run,) = session.client.search_runs([session.experiment_id], "attributes.run_name = 'lost'")
+    assert run.info.status == "FINISHED" and run.data.params["device"] == "cpu"
+    losses = session.client.get_metric_history(run.info.run_id, "train_loss")
+    assert [m.step for m in losses] == [1, 2, 3]
 
 
-def test_a_store_lost_mid_run_costs_a_bounded_wait_and_is_reported(
-    session: TrackingSession, capsys: pytest.CaptureFixture[str]
+def test_a_store_lost_mid_run_costs_a_bounded_wait_and_its_records_wait_in_the_outbox(
+    session: TrackingSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client = HangingClient(session.client, set())
     callback = MLflowCallback(
@@ -110,6 +144,7 @@ def test_a_store_lost_mid_run_costs_a_bounded_wait_and_is_reported(
         system_metrics=False,
         flush_seconds=0.05,
         answer_seconds=0.5,
+        outbox=tmp_path / "outbox",
     )
     callback.on_start({"device": "cpu", "batch_size": 2})
     client.hanging.add("log_batch")  # the server goes away after the run opened
@@ -120,8 +155,33 @@ def test_a_store_lost_mid_run_costs_a_bounded_wait_and_is_reported(
     callback.on_end({"steps": 100, "final_train_loss": 3.0})
     assert time.perf_counter() - started < 10
     client.release.set()
-    assert callback.report["store_down"] and callback.report["dropped_metrics"] >= 100
+    assert callback.report["store_down"] and callback.report["dropped_metrics"] == 0
+    assert callback.report["waiting_records"] >= 200 - 1  # one batch may have reached the store
     assert "did not answer within 0.5 s" in capsys.readouterr().err
+
+
+def test_metrics_beyond_the_memory_bound_spill_oldest_first_and_arrive_in_order_when_the_store_returns(
+    session: TrackingSession, tmp_path: Path
+) -> None:
+    client = SwitchedClient(session.client)
+    writer = RunWriter(
+        client, flush_seconds=0.01, probe_seconds=0.1, memory_records=100, outbox=tmp_path / "outbox"
+    )
+    run_id = writer.create_run(session.experiment_id, "switched", {})
+    assert not run_id.startswith("pending-")
+    client.away = True
+    for step in range(1, 1001):
+        writer.log_metrics(run_id, {"loss": 1.0 / step}, step)
+        assert len(writer._memory) <= 100 + 1  # bounded memory: the oldest went to the outbox
+    assert writer.report.spilled_records >= 900 and writer.report.failed_calls >= 1
+    client.away = False
+    writer.log_metrics(run_id, {"loss": 0.0}, 1001)
+    report = writer.close()
+    history = session.client.get_metric_history(run_id, "loss")
+    assert [m.step for m in history] == list(range(1, 1002))  # no gap, in order
+    assert [m.timestamp for m in history] == sorted(m.timestamp for m in history)
+    assert (report.sent_metrics, report.dropped_metrics, report.waiting_records) == (1001, 0, 0)
+    assert report.delivered_late >= report.spilled_records and not list((tmp_path / "outbox").glob("*.jsonl"))
 
 
 def test_calls_after_the_writer_closed_are_counted_not_sent(session: TrackingSession) -> None:

@@ -1,10 +1,12 @@
 """The MLflow side of a training run: a `TrainingCallback` that records it under the run-record names.
 
 Every call goes through a `RunWriter` (`tasks.tracking.writer`), so a training step never waits on the
-store: creating the run waits at most `answer_seconds`, and a store that does not answer then leaves
-the training untracked (a warning says so) rather than held. Failed calls are retried and counted;
-the counts are reported at the end (stderr and the run's `tracking.*` tags).
-Every call names its run id: MLflow's active run is per thread, and Prefect runs tasks on worker threads.
+store, and a store that goes away costs the training nothing: records wait (in memory, then in an
+outbox file) and reach the store in order when it returns, or stay in the outbox for
+`gptpipe tracking replay` when it never does. A run whose creation falls in an outage is created when
+the store returns. Failed calls are retried and counted; the counts are reported at the end (stderr
+and the run's `tracking.*` tags). Every call names its run: MLflow's active run is per thread, and
+Prefect runs tasks on worker threads.
 
 A resumed training continues its own run: the run id travels in each checkpoint's metadata
 (`self.metadata`, which the trainer writes into every checkpoint record), and `open` finds it again
@@ -14,12 +16,10 @@ from the checkpoint a resume starts from.
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from gptcore.callbacks import TrainingCallback
-from gptcore.errors import first_line
 from gptcore.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 from tasks.tracking.datasets import token_file_inputs
 from tasks.tracking.store import redact
@@ -51,6 +51,9 @@ class MLflowCallback(TrainingCallback):
         retries: int = 3,
         backoff_seconds: float = 0.5,
         answer_seconds: float = 30.0,
+        probe_seconds: float = 5.0,
+        outbox: Path | None = None,
+        writer: RunWriter | None = None,
         stream: Any = None,
     ) -> None:
         self.client = client
@@ -65,14 +68,20 @@ class MLflowCallback(TrainingCallback):
         self.datasets = dict(datasets or {})  # {split: token file}: the run's dataset inputs
         self.system_metrics = system_metrics
         self.log_checkpoints = log_checkpoints
-        self.writer = RunWriter(
+        # A writer shared with the caller (a pipeline's stage runs) is the caller's to close: one
+        # queue keeps a stage run's creation before its records, even when both wait out an outage.
+        self._owns_writer = writer is None
+        self.writer = writer or RunWriter(
             client,
             retries=retries,
             backoff_seconds=backoff_seconds,
             flush_seconds=flush_seconds,
             answer_seconds=answer_seconds,
+            probe_seconds=probe_seconds,
+            outbox=outbox,
             name=f"mlflow-{run_name}",
         )
+        self.writer.on_created(self._created)
         self.stream = stream
         # The trainer writes this dict into every checkpoint record (TrainJob.metadata): pass it there.
         self.metadata: dict[str, Any] = {}
@@ -113,10 +122,14 @@ class MLflowCallback(TrainingCallback):
             if self.run_id and self.run_id != prior:
                 # The caller's run (a pipeline stage's child) points at the line training continues.
                 self.writer.set_tags(self.run_id, {"continued_run_id": prior})
-            self.writer.ask("update_run", self.client.update_run, prior, status="RUNNING")
+            self.writer.update_run(prior, "RUNNING")
             self.run_id, self.continued = prior, True
         elif self.run_id is None:
-            tags = {"mlflow.runName": self.run_name, **self.tags, "mlflow.parentRunId": self.parent_run_id}
+            tags = {
+                "mlflow.runName": self.run_name,
+                **self.tags,
+                "mlflow.parentRunId": self.parent_run_id,
+            }
             self.run_id = self.writer.create_run(self.experiment_id, self.run_name, tags)
         if self.run_id is None:
             self._warn(
@@ -124,21 +137,28 @@ class MLflowCallback(TrainingCallback):
                 f"({self.writer.report.last_error}); training goes on without tracking"
             )
             return None
-        self.metadata.update({RUN_ID_KEY: self.run_id, "mlflow_tracking_uri": redact(self.tracking_uri)})
+        if self.writer.resolved(self.run_id) is None:
+            self._warn(
+                f"warning: MLflow run {self.run_name!r} waits for the tracking store "
+                f"({self.writer.report.last_error}); training goes on, and its records follow when "
+                "the store returns"
+            )
+        else:
+            self._created(self.run_id, self.run_id)
         return self.run_id
+
+    def _created(self, key: str, run_id: str) -> None:
+        """The run exists in the store: checkpoints written from now on carry its id."""
+        if key == self.run_id:
+            self.metadata.update({RUN_ID_KEY: run_id, "mlflow_tracking_uri": redact(self.tracking_uri)})
 
     def _start_system_metrics(self) -> None:
         if not self.system_metrics:
             return
-        try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        from tasks.tracking.system_metrics import WriterSystemMetrics
 
-            self._monitor = SystemMetricsMonitor(
-                self.run_id,
-                sampling_interval=5,
-                resume_logging=self.continued,
-                tracking_uri=self.tracking_uri,
-            )
+        try:
+            self._monitor = WriterSystemMetrics(self.writer, self.run_id, resume=self.continued)
             self._monitor.start()
         except Exception as error:  # psutil missing or the like: training goes on without
             self.writer.note(f"system metrics: {error}")
@@ -204,21 +224,11 @@ class MLflowCallback(TrainingCallback):
         self.writer.log_artifact(self.run_id, path.with_suffix(".json"), f"checkpoints/{kind}")
 
     def _log_model(self, path: Path, kind: str) -> None:
-        """The checkpoint as a logged model of this run (`self.models[kind]` its id); a checkpoint that
-        cannot be one (no tokenizer recorded, unreadable) is noted, not retried."""
-        from gptcore.errors import GptpipeError
-        from tasks.tracking.logged_models import log_checkpoint_model
-
-        def log() -> str | None:
-            try:
-                return log_checkpoint_model(
-                    self.client, self.experiment_id, self.run_id, path, kind, {"stage": self.run_name}
-                )
-            except (GptpipeError, OSError, KeyError) as error:  # the checkpoint, not the store
-                self.writer.note(f"logged model {kind}: {first_line(error)}")
-                return None
-
-        model_id = self.writer.ask("log_model", log)
+        """The checkpoint as a logged model of this run (`self.models[kind]` its id, when the store
+        answered in time; during an outage the model is logged when the store returns)."""
+        model_id = self.writer.log_model(
+            self.run_id, self.experiment_id, path, kind, {"stage": self.run_name}
+        )
         if model_id:
             self.models[kind] = model_id
 
@@ -227,11 +237,7 @@ class MLflowCallback(TrainingCallback):
             return
         self._closed = True
         if self._monitor is not None:
-            # MLflow's sampler joins its thread without a bound; one stuck on a lost store is left.
-            stopping = threading.Thread(target=self._monitor.finish, name="mlflow-system-metrics-stop")
-            stopping.daemon = True
-            stopping.start()
-            stopping.join(self.writer.answer_seconds)
+            self._monitor.finish(self.writer.answer_seconds)
         if self.run_id is not None:
             self.writer.flush()  # the counts below include every metric sent or lost
             report = self.writer.report
@@ -244,14 +250,12 @@ class MLflowCallback(TrainingCallback):
                 },
             )
             self.writer.set_terminated(self.run_id, status)
-        report = self.writer.close()
+        report = self.writer.close() if self._owns_writer else self.writer.report
+        self.run_id = self.writer.resolved(self.run_id) or self.run_id
         self.report = {"run_id": self.run_id, "status": status, **report.as_dict()}
-        if report.failed_calls or report.given_up_calls or report.store_down:
-            self._warn(
-                f"warning: MLflow run {self.run_id}: {report.failed_calls} logging calls failed and were "
-                f"retried, {report.given_up_calls} given up ({report.dropped_metrics} metric values "
-                f"lost); last error: {report.last_error}"
-            )
+        warning = report.warning(f"MLflow run {self.run_id}") if self._owns_writer else None
+        if warning:
+            self._warn(warning)
 
     def _warn(self, message: str) -> None:
         print(message, file=self.stream or sys.stderr, flush=True)

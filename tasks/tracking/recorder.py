@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ class PipelineRecorder:
             "mlflow.parentRunId": trial["parent_run_id"] if trial else None,
             **environment_tags(),
         }
-        writer = RunWriter(session.client, name="mlflow-pipeline")
+        writer = RunWriter(session.client, outbox=session.outbox, name="mlflow-pipeline")
         parent = writer.create_run(session.experiment_id, name, tags)
         if parent is None:
             writer.close()
@@ -104,11 +105,20 @@ class PipelineRecorder:
     # --- stages -------------------------------------------------------------------------------------
 
     def stage_run(self, stage: str) -> str | None:
-        """The child run of `stage` under the parent, created on first use (None: the store is down)."""
+        """The child run of `stage` under the parent, created on first use: its id, a pending key while
+        the store is away (`RunWriter.create_run`), or None when the store refused it."""
         if stage not in self.stage_runs:
             tags = {"mlflow.parentRunId": self.parent_run_id, "stage": stage, "kind": "stage"}
             self.stage_runs[stage] = self.writer.create_run(self.session.experiment_id, stage, tags)
         return self.stage_runs[stage]
+
+    def _created_run(self, stage: str) -> str | None:
+        """The store's id of `stage`'s run, for calls that name it themselves (registering a model):
+        None while the store is away and the run not created yet."""
+        run = self.stage_run(stage)
+        if run is not None and self.writer.resolved(run) is None:
+            self.writer.flush()  # its creation is queued ahead: a bounded wait, none while away
+        return self.writer.resolved(run)
 
     def training_callback(self, stage: str) -> MLflowCallback | None:
         """The callback a training stage runs with, recording into the stage's child run."""
@@ -122,6 +132,7 @@ class PipelineRecorder:
                 run_id=run_id,
                 parent_run_id=self.parent_run_id,
                 tags={"stage": stage, "kind": "training"},
+                writer=self.writer,
                 params=params,
                 datasets={split: path for split, path in self.token_files.items() if split != "test"},
             )
@@ -143,7 +154,7 @@ class PipelineRecorder:
         (`tasks.tracking.registry`); None when the store did not answer."""
         from tasks.tracking.registry import register
 
-        run_id = self.stage_run("evaluate")
+        run_id = self._created_run("evaluate")
         if run_id is None:
             return None
         client, experiment = self.session.client, self.session.experiment_id
@@ -158,10 +169,12 @@ class PipelineRecorder:
         the writer): the registration of each quantized method (None where the store did not answer)."""
         from tasks.tracking.quantized import record_tradeoff
 
-        run_id = self.stage_run("quantize")
+        if (stage_run := self.stage_run("quantize")) is not None:
+            machine = {f"machine.{key}": value for key, value in result.machine.items()}
+            self.writer.log_params(stage_run, machine)
+        run_id = self._created_run("quantize")
         if run_id is None:
             return {}
-        self.writer.log_params(run_id, {f"machine.{key}": value for key, value in result.machine.items()})
         client, experiment = self.session.client, self.session.experiment_id
         arguments = (result.rows, result.model_folders, digest, may_hold_champion)
         return record_tradeoff(client, experiment, run_id, name, *arguments, call=self.writer.ask)
@@ -247,4 +260,6 @@ class PipelineRecorder:
         self.writer.flush()
         self.writer.set_tags(self.parent_run_id, {"tracking.failed_calls": self.writer.report.failed_calls})
         self.writer.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")
-        self.writer.close()
+        warning = self.writer.close().warning(f"MLflow run {self.writer.resolved(self.parent_run_id)}")
+        if warning and self.writer.report.waiting_records:  # failures alone are the stage runs' tags
+            print(warning, file=sys.stderr, flush=True)

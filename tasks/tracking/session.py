@@ -14,6 +14,7 @@ from typing import Any
 
 from tasks.tracking.callback import MLflowCallback
 from tasks.tracking.store import TrackingTarget, connect, ensure_experiment, resolve_target
+from tasks.tracking.writer import OUTBOX_DIRECTORY
 
 
 @dataclass
@@ -42,7 +43,14 @@ class TrackingSession:
     def training_callback(self, run_name: str, **options: Any) -> MLflowCallback:
         """An MLflowCallback recording into this session's experiment (see MLflowCallback for options)."""
         options.setdefault("system_metrics", self.system_metrics)
+        options.setdefault("outbox", self.outbox)
         return MLflowCallback(self.client, self.target.uri, self.experiment_id, run_name, **options)
+
+    @property
+    def outbox(self) -> Path:
+        """Where records wait while the store is away: beside a local store, else `mlruns/outbox`."""
+        database = self.target.database
+        return database.parent / "outbox" if database is not None else OUTBOX_DIRECTORY.resolve()
 
     def run_url(self, run_id: str, ui: str | None = None) -> str:
         """Where a run is in the MLflow UI (`gptpipe ui` serves the local store at the default address)."""

@@ -24,6 +24,14 @@ from gptcore.errors import GptpipeError, first_line
 DEFAULT_STORE = "mlruns/mlflow.db"
 DEFAULT_ARTIFACTS = "mlruns/artifacts"
 PROBE_SECONDS = 5.0
+# MLflow's HTTP client retries a refused connection 7 times with backoff factor 2 (minutes) and waits
+# 120 s for an answer. The run writer retries on its own and waits out outages with records buffered,
+# so its calls fail fast instead: set unless the user set them.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 # Environment worth seeing beside a run (what changes speed or placement); filtered by `redact` anyway.
 _ENVIRONMENT = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PREFECT_API_URL", "HOSTNAME")
@@ -109,6 +117,8 @@ def connect(target: TrackingTarget) -> Any:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if target.is_http:
         _probe_http(target.uri)
+        for name, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
     if target.database is not None:
         try:
             target.database.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +159,9 @@ def ensure_experiment(client: Any, name: str, target: TrackingTarget) -> str:
 def secret_values(environ: dict[str, str] | None = None) -> list[str]:
     """Values of environment variables whose names say TOKEN, KEY, SECRET or PASSWORD (long ones first)."""
     environ = os.environ if environ is None else environ
-    values = {value for name, value in environ.items() if _SECRET_NAME.search(name) and len(value) >= 4}
+    # By name then .get: another thread (MLflow's telemetry) may remove a variable mid-iteration.
+    found = ((name, environ.get(name)) for name in list(environ) if _SECRET_NAME.search(name))
+    values = {value for _, value in found if value is not None and len(value) >= 4}
     return sorted(values, key=len, reverse=True)
 
 

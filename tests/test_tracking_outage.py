@@ -1,0 +1,173 @@
+"""A real `mlflow server` on loopback goes away during a training and comes back: the training goes on
+without waiting on it, its records reach the store in order with their original steps when the server
+returns (same port, same store), and when it does not return before the run ends, the records wait in an
+outbox that `gptpipe tracking replay` delivers later."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fault_support import TINY_PARAMS
+from process_support import free_port, stop_process_group
+from test_mlflow_browser import wait_healthy
+from tracking_support import fresh_store, three_step_job
+
+from flows.cli_tracking import server_command
+from gptcore.callbacks import CallbackList, TrainingCallback
+from gptcore.config import TrackingConfig
+from gptcore.trainer import train
+from tasks.tracking import TrackingSession, training_metadata
+from tasks.tracking.store import resolve_target
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Server:
+    """`mlflow server` over one SQLite store on one loopback port, stopped and started again at will."""
+
+    def __init__(self, folder: Path) -> None:
+        uri = fresh_store(folder)
+        artifacts = str(folder / "mlruns" / "artifacts")
+        self.target = resolve_target(TrackingConfig(uri=uri, artifact_root=artifacts))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        command = server_command(self.target, "127.0.0.1", self.port)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        wait_healthy(self.url, self.process)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process_group(self.process, grace_seconds=10)
+            self.process = None
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    server = Server(tmp_path)
+    server.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    yield server
+    server.stop()
+
+
+class Outages(TrainingCallback):
+    """Stops the server before the run is created and at `stop_at`, starts it again at `start_at`;
+    times the tracking callback's hooks (what the training thread spends on tracking)."""
+
+    def __init__(
+        self, server: Server, tracking: TrainingCallback, start_at: set[int], stop_at: set[int]
+    ) -> None:
+        self.server, self.tracking, self.start_at, self.stop_at = server, tracking, start_at, stop_at
+        self.longest_hook = 0.0
+
+    def _timed(self, hook: str, *args: Any) -> None:
+        started = time.perf_counter()
+        getattr(self.tracking, hook)(*args)
+        self.longest_hook = max(self.longest_hook, time.perf_counter() - started)
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        self.server.stop()  # gone before the run is created
+        self._timed("on_start", startup)
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        self._timed("on_step", metrics)
+        if metrics["step"] in self.start_at:
+            self.server.start()
+        if metrics["step"] in self.stop_at:
+            self.server.stop()
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        self._timed("on_eval", metrics)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self._timed("on_end", summary)
+
+
+def test_a_server_stopped_at_the_start_and_midway_gets_every_record_in_order_when_it_returns(
+    server: Server, tmp_path: Path
+) -> None:
+    session = TrackingSession.open(TrackingConfig(experiment="outage"))
+    tracking = session.training_callback(
+        "outage", system_metrics=False, flush_seconds=0.1, probe_seconds=0.5, outbox=tmp_path / "outbox"
+    )
+    outages = Outages(server, tracking, start_at={8, 24}, stop_at={16})
+    job = three_step_job(tmp_path / "ckpt", training_metadata([tracking]))
+    longer = job.training.model_copy(update={"max_steps": 30, "eval_every": 30})
+    job = dataclasses.replace(job, training=longer)
+    summary = train(job, CallbackList([outages]))
+
+    assert summary["steps"] == 30
+    assert outages.longest_hook < 1.0  # the training thread never waited on the absent server
+    report = tracking.report
+    assert report["outages"] >= 1 and report["waiting_records"] == 0 and report["dropped_metrics"] == 0
+    run = session.client.get_run(tracking.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["device"] == "cpu"
+    history = session.client.get_metric_history(tracking.run_id, "train_loss")
+    assert [m.step for m in history] == list(range(1, 31))  # no gap, in order
+    assert [m.timestamp for m in history] == sorted(m.timestamp for m in history)
+    assert job.metadata["mlflow_run_id"] == tracking.run_id  # created late, still in the checkpoints
+
+
+def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_replay_delivers(
+    server: Server, tmp_path: Path
+) -> None:
+    # About 5 s of training on 2 cores: the server is gone well before the end.
+    architecture = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab_size": 300}
+    model = {**TINY_PARAMS["model"], "architecture": architecture}
+    full = {"epochs": 1, "training_examples": 4000, "validation_examples": 8}
+    params = {**TINY_PARAMS, "model": model, "full": full}
+    params_path = tmp_path / "tiny.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "flows.cli", "train", "--params", str(params_path), "--device", "cpu",
+        "--precision", "fp32", "--synthetic", "--checkpoint-directory", str(tmp_path / "ckpt"),
+        "--max-steps", "400", "--log-every", "1", "--eval-every", "100",
+    ]  # fmt: skip
+    training = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first = json.loads(training.stdout.readline())
+    assert first["event"] == "startup"
+    server.stop()  # just after the startup line, as the issue measured it
+    out, err = training.communicate(timeout=300)
+    assert training.returncode == 0, err
+    assert "Traceback" not in err
+    summary = json.loads(out.strip().splitlines()[-1])
+    steps = summary["steps"]
+    assert summary["event"] == "summary" and steps == 400
+    (warning,) = [line for line in err.splitlines() if "records wait in" in line]
+    outbox = Path(warning.split("records wait in ")[1].split(":")[0])
+    waiting = int(warning.split("; ")[-1].split(" records")[0])
+    assert outbox.is_file() and waiting >= steps
+
+    server.start()  # the same port, the same store
+    replay = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "tracking", "replay", str(outbox)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    sent = int(replay.stdout.split("sent ")[1].split(" records")[0])
+    skipped = "2 skipped (log_model: logged model best: the checkpoint names no tokenizer"  # --synthetic
+    assert sent == waiting - 2 and skipped in replay.stdout
+    assert not outbox.exists()
+    session = TrackingSession.open(TrackingConfig(experiment="gptpipe"))
+    (run,) = session.client.search_runs([session.experiment_id])
+    assert run.info.status == "FINISHED"
+    history = session.client.get_metric_history(run.info.run_id, "train_loss")
+    assert [m.step for m in history] == list(range(1, steps + 1))  # no gap, in order
