@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.errors import GptpipeError, first_line
+from tasks.tracking.store import redact
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limits on one value and on one log_batch call
 TAG_VALUE_LIMIT = 8000
@@ -26,8 +27,6 @@ PENDING = "pending-"  # the prefix of a run key whose run is not created yet
 
 def text(value: Any, limit: int) -> str:
     """A param or tag value as MLflow stores it: redacted text within its length limit."""
-    from tasks.tracking.store import redact
-
     return redact(value)[:limit]
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -397,7 +397,7 @@ class RunWriter:
             return group, 0.0
         while self._memory and self._memory[0].record is None and self._memory[0].answer.done():
             self._memory.popleft()  # a read whose caller stopped waiting
-        group = _same_call(list(_first(self._memory, METRICS_PER_CALL)))
+        group = _same_call(list(islice(self._memory, METRICS_PER_CALL)))
         if (
             not group
             or group[0].op != "metric"
@@ -512,15 +512,6 @@ class RunWriter:
             setattr(self.report, name, getattr(self.report, name) + amount)
         if last_error is not None:
             self.report.last_error = last_error
-
-
-def _first(items: deque[_Item], limit: int) -> list[_Item]:
-    out = []
-    for item in items:
-        if len(out) == limit:
-            break
-        out.append(item)
-    return out
 
 
 def _same_call(items: list[_Item]) -> list[_Item]:
