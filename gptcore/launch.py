@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Literal
 
 import psutil
 
@@ -144,8 +144,8 @@ def launch_environment(spec: LaunchSpec, base: dict[str, str] | None = None) -> 
 # --- watching the subprocess ---------------------------------------------------------------------------
 
 
-class _Terminated(BaseException):
-    """SIGTERM arrived while watching: unwinds the watch loop like KeyboardInterrupt does."""
+class _StopRequested(BaseException):
+    """SIGINT or SIGTERM arrived while watching: unwinds the watch loop so the tree is stopped first."""
 
 
 def _pump(stream: IO[str], lines: queue.Queue) -> None:
@@ -154,47 +154,115 @@ def _pump(stream: IO[str], lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def stop_process_tree(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
-    """SIGTERM the launcher's group and every descendant (ranks live in sessions of their own), then
-    SIGKILL whatever is left after `grace_seconds`. Descendants are listed first: once torchrun is
-    gone, its ranks are no longer findable through it."""
+def _running(member: psutil.Process) -> bool:
     try:
-        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for member in tree:
-        with contextlib.suppress(psutil.Error):
-            member.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(tree, timeout=grace_seconds)
-    for member in alive:
-        with contextlib.suppress(psutil.Error):
-            member.kill()
-    psutil.wait_procs(alive, timeout=5)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)
+        return member.is_running() and member.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class ProcessTree:
+    """A process started with `start_new_session=True` and everything it starts: its process group (a
+    child started a moment ago is reached by `killpg` before anyone has seen it) and every descendant
+    seen on the way (torchrun starts each rank in a session of its own, outside the group: only its
+    parent finds it). A zombie counts as stopped: it holds nothing, and only its parent can reap it."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.members: dict[int, psutil.Process] = {}
+
+    def look(self) -> list[psutil.Process]:
+        """Add the processes of the group and the descendants of the root and of every member (one pass
+        over the process table); return the ones not seen before."""
+        children: dict[int, list[psutil.Process]] = {}
+        found: dict[int, psutil.Process] = {}
+        for candidate in psutil.process_iter(["ppid"]):
+            children.setdefault(candidate.info["ppid"], []).append(candidate)
+            with contextlib.suppress(OSError):
+                if os.getpgid(candidate.pid) == self.process.pid:
+                    found[candidate.pid] = candidate
+        parents = [self.process.pid, *self.members]
+        while parents:
+            for child in children.get(parents.pop(), []):
+                if child.pid not in found:
+                    found[child.pid] = child
+                    parents.append(child.pid)
+        new = [member for pid, member in found.items() if pid not in self.members and pid != self.process.pid]
+        self.members.update((member.pid, member) for member in new)
+        return new
+
+    def signal(self, signum: int, members: Sequence[psutil.Process] | None = None) -> None:
+        """`signum` to the group and to each member outside it (each process gets it once: a second
+        SIGTERM means "hurry" to some servers)."""
+        if members is None:
+            members = list(self.members.values())
+            with contextlib.suppress(OSError):
+                os.killpg(self.process.pid, signum)
+        for member in members:
+            with contextlib.suppress(OSError, psutil.Error):
+                if os.getpgid(member.pid) != self.process.pid:
+                    member.send_signal(signum)
+
+    def running(self) -> list[int]:
+        """The PIDs still running: the root (reaped here, so it never lingers as a zombie) and members."""
+        left = [] if self.process.poll() is not None else [self.process.pid]
+        return left + [pid for pid, member in self.members.items() if _running(member)]
+
+    def stop(self, grace_seconds: float = 10.0, hurry: Callable[[], bool] = lambda: False) -> list[int]:
+        """SIGTERM to everything, and to each child that appears meanwhile. What still runs after
+        `grace_seconds`, or as soon as `hurry()` (a second Ctrl-C), is killed. Returns the PIDs killed."""
+        self.look()
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        while self.running() and time.monotonic() < deadline and not hurry():
+            time.sleep(0.05)
+            self.signal(signal.SIGTERM, self.look())
+        killed = self.running()
+        deadline = time.monotonic() + 10  # SIGKILL cannot be refused: this wait is brief
+        while killed and self.running() and time.monotonic() < deadline:
+            self.look()
+            self.signal(signal.SIGKILL)
+            time.sleep(0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+        return killed
+
+
+def stop_process_tree(process: subprocess.Popen, grace_seconds: float = 10.0) -> list[int]:
+    """Stop `process` (started in a session of its own) and every process it started: `ProcessTree.stop`."""
+    return ProcessTree(process).stop(grace_seconds)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _sigterm_unwinds() -> Iterator[list[bool]]:
-    """While watching (on the main thread), SIGTERM raises `_Terminated` so the ranks are stopped;
-    afterwards the previous handler is restored and the signal delivered again, so whoever else
-    handles it (Prefect's engine, the default exit) still sees it."""
-    received: list[bool] = []
+def _stop_requests() -> Iterator[list[int]]:
+    """While a tree runs (watched from the main thread), SIGINT and SIGTERM are recorded, never raised
+    where they land: a signal that arrives while the child starts, or while the tree is being stopped,
+    cannot leave a process behind. Afterwards the previous handlers are back and the first signal is
+    delivered again, so whoever handles it (Prefect's engine, Python's KeyboardInterrupt, the default
+    exit) still sees it. A signal that was ignored stays ignored."""
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        received.append(True)
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+        for signum in STOP_SIGNALS
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield received
+    except _StopRequested:
+        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if received:
-            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(received[0])  # its handler raises (KeyboardInterrupt) or ends the process
+    if received:
+        raise LaunchCancelled(f"stopped by {signal.Signals(received[0]).name}: every process was stopped")
 
 
 def run_process_tree(
@@ -206,39 +274,57 @@ def run_process_tree(
     grace_seconds: float = 10.0,
 ) -> int:
     """Run `command`, stdout and stderr merged, each line (without its newline) to `on_line` as it
-    comes; return its exit code. A set `cancel` event, SIGTERM, Ctrl-C or an exception from `on_line`
-    stops the whole process tree first; cancellation then raises `LaunchCancelled`."""
-    process = subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        env=env,
-        cwd=cwd,
-        start_new_session=True,  # our own group: a terminal's Ctrl-C reaches us, we stop the tree
-    )
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
-    with _sigterm_unwinds():
+    comes; return its exit code. A set `cancel` event, SIGTERM, Ctrl-C (at any moment, start-up
+    included) or an exception from `on_line` stops the whole process tree first; cancellation then
+    raises `LaunchCancelled`, a signal is delivered again to its previous handler."""
+    with _stop_requests() as requests:
+        process = subprocess.Popen(
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=env,
+            cwd=cwd,
+            start_new_session=True,  # a group of its own: a terminal's Ctrl-C reaches us, we stop the tree
+        )
+        tree = ProcessTree(process)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
         try:
-            while True:
-                try:
-                    line = lines.get(timeout=0.2)
-                except queue.Empty:
-                    if cancel is not None and cancel.is_set():
-                        raise LaunchCancelled(
-                            "training cancelled: torchrun and every rank were stopped"
-                        ) from None
-                    continue
-                if line is None:
-                    break
-                on_line(line.rstrip("\n"))
-            return process.wait()
+            return _watch(process, lines, on_line, requests, cancel)
         except BaseException:
-            stop_process_tree(process, grace_seconds)
+            killed = tree.stop(grace_seconds, hurry=lambda: len(requests) > 1)
+            if killed:
+                print(
+                    f"warning: {len(killed)} process(es) did not stop within {grace_seconds:.0f} s of "
+                    f"SIGTERM and were killed: {' '.join(map(str, killed))}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             raise
+
+
+def _watch(
+    process: subprocess.Popen,
+    lines: queue.Queue,
+    on_line: Callable[[str], None],
+    requests: list[int],
+    cancel: threading.Event | None,
+) -> int:
+    while True:
+        if requests:
+            raise _StopRequested
+        if cancel is not None and cancel.is_set():
+            raise LaunchCancelled("training cancelled: torchrun and every rank were stopped")
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if line is None:
+            return process.wait()
+        on_line(line.rstrip("\n"))
 
 
 # --- the torchrun entry point (`python -m gptcore.launch ...`) -----------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -246,6 +247,67 @@ def test_cancelling_a_launched_run_stops_the_whole_process_tree():
         run_process_tree([sys.executable, "-c", TREE], on_line, cancel=cancel, grace_seconds=5)
     assert children, "the tree never started"
     assert not psutil.pid_exists(children[0]) or psutil.Process(children[0]).status() == psutil.STATUS_ZOMBIE
+
+
+STUBBORN = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    # a child that refuses SIGTERM, in a session of its own like a torchrun rank
+    code = "import signal as s, time; s.signal(s.SIGTERM, s.SIG_IGN); print(1, flush=True); time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
+    child.stdout.readline()  # its handler is in place
+    print(f"child {child.pid}", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_second_ctrl_c_kills_at_once_what_refuses_sigterm():
+    """The first Ctrl-C asks the tree to stop (SIGTERM, then SIGKILL after the grace period); a second
+    one kills what is left at once. A 600 s grace: only the second Ctrl-C can end this test in time."""
+    children: list[int] = []
+
+    def on_line(line: str) -> None:
+        if line.startswith("child "):
+            children.append(int(line.split()[1]))
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, twice
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):  # delivered again to Python's own handler once the tree is gone
+        run_process_tree([sys.executable, "-c", STUBBORN], on_line, grace_seconds=600)
+    assert children and not _running(children[0])
+
+
+def test_a_signal_while_the_tree_starts_still_stops_the_tree(monkeypatch: pytest.MonkeyPatch):
+    """SIGTERM lands just after the process started, before any line was read: the tree is stopped
+    all the same, then the signal reaches the handler that was there before."""
+    import gptcore.launch as launch
+
+    started: list[subprocess.Popen] = []
+    popen = subprocess.Popen
+
+    def popen_then_signal(*args, **kwargs):
+        process = popen(*args, **kwargs)
+        started.append(process)
+        os.kill(os.getpid(), signal.SIGTERM)  # the most awkward moment
+        return process
+
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    monkeypatch.setattr(launch.subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(LaunchCancelled, match="stopped by SIGTERM"):
+            run_process_tree([sys.executable, "-c", "import time; time.sleep(600)"], lambda line: None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [signal.SIGTERM] and started[0].returncode is not None
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_launched_runs_exit_code_and_lines_come_back():
