@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import mlflow
 
@@ -101,3 +103,26 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
         callback,
     )
     return session, callback, folder / "run"
+
+
+class Waits:
+    """Each time a caller of a RunWriter waited for an answer the writer's thread had not given yet: the
+    caller's thread, the record's op and `when()` at that moment (say, whether the server was away). A
+    count of waits, not a measure of time: what "never waits on the store" means whatever this machine's
+    speed (a wait that ran out its bound says so in the report's `last_error`: "did not answer within")."""
+
+    def __init__(self, monkeypatch: Any, when: Any = lambda: None) -> None:
+        from tasks.tracking.writer import RunWriter
+
+        self.waited: list[tuple[str, str, Any]] = []
+        original = RunWriter._await
+
+        def watched(writer: Any, item: Any) -> Any:
+            if item is not None and item.answer is not None and not item.answer.done():
+                self.waited.append((threading.current_thread().name, item.op, when()))
+            return original(writer, item)
+
+        monkeypatch.setattr(RunWriter, "_await", watched)
+
+    def on(self, thread: str, when: Any = None) -> list[str]:
+        return [op for name, op, at in self.waited if name == thread and (when is None or at == when)]
