@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_support import migrated_prefect_home
+from tracking_support import fresh_store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,18 +26,12 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """One temporary Prefect server for the module, its state under a temporary PREFECT_HOME."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
-    }
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One Prefect API server for the whole session, started the way `gptpipe run` starts its own
+    (`flows.prefect_env.TemporaryServer`): every module talks to it with a home of its own."""
+    home = migrated_prefect_home(tmp_path_factory.mktemp("prefect-server"))
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     server = subprocess.Popen(
         [sys.executable, "-c", _SERVER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO
@@ -43,16 +39,34 @@ def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert server.stdout is not None
     url = server.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:"), url
-    yield {**env, "PREFECT_API_URL": url}
+    yield url
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=20)
 
 
+@pytest.fixture(scope="module")
+def prefect_env(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a module's `gptpipe` and `prefect` commands: the session's Prefect server, and
+    a home, result storage (so caches never cross modules) and MLflow store of the module's own."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_server,
+        "PREFECT_HOME": str(home),
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_TRACKING_URI": fresh_store(home),
+    }
+    return env
+
+
 _SERVER_SCRIPT = """
 import signal, sys, threading
-from prefect.server.api.server import SubprocessASGIServer
-server = SubprocessASGIServer()
-server.start(timeout=60)
+from flows.prefect_env import TemporaryServer
+server = TemporaryServer(startup_timeout=300)
+server.start()
+server.wait()
 print(server.api_url, flush=True)
 signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(0)))
 threading.Event().wait()

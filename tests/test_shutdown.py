@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.process_support import free_port, stop_process_group
+from tests.process_support import free_port, migrated_prefect_home, stop_process_group
+from tests.tracking_support import fresh_store
 
 REPO = Path(__file__).resolve().parent.parent
 GRACE = 10.0  # the tree's own SIGTERM grace (gptcore.launch): after it, what is left is killed
@@ -134,7 +135,7 @@ def test_gptpipe_ui_stops_the_server_and_its_workers(tmp_path: Path, signum: int
 def test_a_killed_gptpipe_run_takes_its_temporary_prefect_server_along(tmp_path: Path) -> None:
     """SIGKILL leaves no handler to run: the server stops itself when its parent dies."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(REPO))
+    env.update(PREFECT_HOME=str(migrated_prefect_home(tmp_path / "prefect")), PYTHONPATH=str(REPO))
     code = (
         "import time; from flows.prefect_env import TemporaryServer; server = TemporaryServer(); "
         "server.start(); server.wait(); print(server.api_url, flush=True); time.sleep(600)"
@@ -164,7 +165,10 @@ def test_gptpipe_run_stopped_by_sigterm_mid_training_leaves_no_process_behind(tm
     write_corpus(tmp_path)
     params = write_params(tmp_path, full_steps=400, checkpoint_every=20)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # its own temporary server
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    env.update(
+        PREFECT_HOME=str(migrated_prefect_home(tmp_path / "prefect")),
+        MLFLOW_TRACKING_URI=fresh_store(tmp_path),
+    )
     log = tmp_path / "run.log"  # a file, not a pipe nobody reads while the run fills it
     process = subprocess.Popen(
         [*GPTPIPE, "run", "--params", str(params)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,

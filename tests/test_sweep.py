@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,13 @@ sweep:
     assert len(expand(sweep)) == 3
 
 
-def sweep_2x2(tmp_path: Path, env: dict[str, str], *options: str) -> tuple[Any, dict[str, Any]]:
-    """`gptpipe sweep` of four tiny trials (two learning rates by two batch sizes) on a tiny corpus: the
-    finished command and its summary, every trial checked completed with a test figure."""
+LEARNING_RATES = ["--grid", "full.optimizer.learning_rate=1e-3,3e-3"]
+GRID_2X2 = [*LEARNING_RATES, "--grid", "runtime.batch_size=2,4"]
+
+
+def sweep(tmp_path: Path, env: dict[str, str], grid: list[str], *options: str) -> tuple[Any, dict[str, Any]]:
+    """`gptpipe sweep` of tiny trials over `grid` (--grid options) on a tiny corpus: the finished command
+    and its summary, every trial checked completed with a test figure."""
     import json
     import subprocess
 
@@ -88,12 +93,12 @@ def sweep_2x2(tmp_path: Path, env: dict[str, str], *options: str) -> tuple[Any, 
 
     write_corpus(tmp_path, seed=4)
     params = str(write_params(tmp_path, full_steps=4))
-    grid = ["--grid", "full.optimizer.learning_rate=1e-3,3e-3", "--grid", "runtime.batch_size=2,4"]
     command = [*GPTPIPE, "sweep", "--params", params, *grid, *options]
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [trial["state"] for trial in summary["trials"]] == ["completed"] * 4
+    trials = math.prod(len(values.split("=")[1].split(",")) for values in grid[1::2])
+    assert [trial["state"] for trial in summary["trials"]] == ["completed"] * trials
     assert all(trial["test_bits_per_byte"] > 0 for trial in summary["trials"])
     return done, summary
 
@@ -105,7 +110,7 @@ def test_a_2x2_sweep_builds_the_data_once_and_trains_one_trial_at_a_time_on_one_
 ) -> None:
     from mlflow import MlflowClient
 
-    done, summary = sweep_2x2(tmp_path, prefect_env, "--parallel", "2")
+    done, summary = sweep(tmp_path, prefect_env, GRID_2X2, "--parallel", "2")
     assert "| trial-04 | full.optimizer.learning_rate=0.003 runtime.batch_size=4 |" in done.stderr
 
     client = MlflowClient(prefect_env["MLFLOW_TRACKING_URI"])

@@ -7,12 +7,11 @@ import os
 import shutil
 import tempfile
 import threading
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import mlflow
-
-_TEMPLATE = Path(tempfile.gettempdir()) / f"gptpipe-test-mlflow-{mlflow.__version__}.db"
+_TEMPLATE = Path(tempfile.gettempdir()) / f"gptpipe-test-mlflow-{version('mlflow')}.db"
 
 
 def _template() -> Path:
