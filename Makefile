@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/gptpipe run
 
+# One worker process per core (at most 4), each taking whole modules: a module's servers start once.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
+def server_environment(jobs: bool = False) -> dict[str, str]:
+    """The MLflow server's environment. Its job runner (eight more processes that run MLflow's GenAI jobs:
+    LLM judges, prompt optimization) serves nothing gptpipe records, and triples the server's start-up
+    on a small machine: off unless asked for (`--jobs`) or set in the environment."""
+    env = dict(os.environ)
+    if jobs:
+        env[JOB_EXECUTION] = "true"
+    env.setdefault(JOB_EXECUTION, "false")
+    return env
+
+
 def server_command(target: Any, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
     """`mlflow server` over a local store: its database, and artifacts served from the store's root."""
     artifacts = target.artifact_location or Path("mlruns/artifacts").resolve().as_uri()
@@ -40,6 +55,7 @@ def ui_command(
     iteration: int | None = typer.Option(None, "--iteration", min=1),
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind; loopback unless you ask"),
     port: int = typer.Option(5000, "--port", min=1, max=65535),
+    jobs: bool = typer.Option(False, "--jobs", help="also start MLflow's job runner (its GenAI jobs)"),
 ) -> None:
     """Start the MLflow UI (`mlflow server`) over the tracking store and print its URL."""
     from tasks.tracking.store import redact, resolve_target
@@ -56,7 +72,8 @@ def ui_command(
     from gptcore.launch import run_process_tree
 
     try:  # Ctrl-C and SIGTERM stop the server and its workers, the whole tree
-        code = run_process_tree(server_command(target, host, port), lambda line: print(line, flush=True))
+        command = server_command(target, host, port)
+        code = run_process_tree(command, lambda line: print(line, flush=True), env=server_environment(jobs))
     except KeyboardInterrupt:
         return
     if code not in (0, -2, -15, 130, 143):

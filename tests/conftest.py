@@ -17,6 +17,15 @@ from tracking_support import fresh_store
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with the most slow tests first: `make test` hands whole modules to its workers
+    (pytest-xdist, --dist loadfile), and a long module started last would run on alone."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.module.__name__] = slow.get(item.module.__name__, 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.module.__name__])
+
+
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """Tiny models run fastest on one thread, and a shared, loaded CPU makes two threads crawl."""

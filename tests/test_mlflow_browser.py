@@ -5,7 +5,6 @@ the experiment's models page and `@champion` on the registered model's page."""
 
 from __future__ import annotations
 
-import contextlib
 import html
 import re
 import shutil
@@ -13,13 +12,13 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 from process_support import free_port, stop_process_group
-from tracking_support import fresh_store, tracked_training
+from tracking_support import tracked_training
 
-from flows.cli_tracking import server_command
+from flows.cli_tracking import server_command, server_environment
 from gptcore.config import TrackingConfig
 from tasks.tracking import TrackingSession
 
@@ -54,51 +53,38 @@ def wait_healthy(url: str, process: subprocess.Popen, seconds: float = 120.0) ->
     pytest.fail(f"mlflow server not healthy at {url} within {seconds:.0f} s")
 
 
-@contextlib.contextmanager
-def mlflow_server(target: str) -> Iterator[str]:
-    """`gptpipe ui`'s server command over `target` on a free loopback port; yields its URL."""
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One store and one `gptpipe ui` server for the module: two short runs in experiment `browser`, and a
+    tracked training whose best checkpoint is registered as `gptpipe-iteration-1` (so `@champion`) in
+    experiment `browser-models`."""
+    from tasks.tracking.registry import register
+
+    folder = tmp_path_factory.mktemp("browser")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        models, callback, run = tracked_training(folder, experiment="browser-models")
+        register(models.client, models.experiment_id, callback.run_id, MODEL_NAME, run / "best.pt", 2.5)
+        session = TrackingSession.open(TrackingConfig(uri=models.target.uri), experiment="browser")
+        run_ids = []
+        for name in RUN_NAMES:
+            callback = session.training_callback(name, system_metrics=False, flush_seconds=0.05)
+            callback.on_start(STARTUP)
+            for step in (1, 2):
+                callback.on_step({"step": step, "train_loss": 4.0 / step, "tokens_per_second": 1000.0 * step})
+            callback.on_end({"steps": 2, "elapsed_seconds": 1.0})
+            run_ids.append(callback.run_id)
     port = free_port()
     process = subprocess.Popen(
-        server_command(target, "127.0.0.1", port),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the workers go down with it
-    )
+        server_command(models.target, "127.0.0.1", port), env=server_environment(),  # as `gptpipe ui` runs it
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,  # its worker goes too
+    )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, process)
-        yield url
+        yield {"url": url, "runs": (session.experiment_id, run_ids), "models": models.experiment_id}
     finally:
         stop_process_group(process, grace_seconds=20)
-
-
-@pytest.fixture
-def served_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, list[str]]]:
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    config = TrackingConfig(uri=fresh_store(tmp_path), artifact_root=str(tmp_path / "mlruns" / "artifacts"))
-    session = TrackingSession.open(config, experiment="browser")
-    run_ids = []
-    for name in RUN_NAMES:
-        callback = session.training_callback(name, system_metrics=False, flush_seconds=0.05)
-        callback.on_start(STARTUP)
-        for step in (1, 2):
-            callback.on_step({"step": step, "train_loss": 4.0 / step, "tokens_per_second": 1000.0 * step})
-        callback.on_end({"steps": 2, "elapsed_seconds": 1.0})
-        run_ids.append(callback.run_id)
-    with mlflow_server(session.target) as url:
-        yield url, session.experiment_id, run_ids
-
-
-@pytest.fixture
-def served_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
-    """A tracked training whose best checkpoint is registered as `gptpipe-iteration-1` (so `@champion`)."""
-    from tasks.tracking.registry import register
-
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    session, callback, run = tracked_training(tmp_path, experiment="browser-models")
-    register(session.client, session.experiment_id, callback.run_id, MODEL_NAME, run / "best.pt", 2.5)
-    with mlflow_server(session.target) as url:
-        yield url, session.experiment_id
 
 
 def rendered(url: str, budget_ms: int = 10000) -> str:
@@ -116,10 +102,8 @@ def text_of(page: str) -> str:
     return re.sub(r"\s+", " ", html.unescape(words))
 
 
-def test_both_runs_are_listed_and_a_run_page_shows_tokens_per_second(
-    served_store: tuple[str, str, list[str]],
-) -> None:
-    url, experiment_id, run_ids = served_store
+def test_both_runs_are_listed_and_a_run_page_shows_tokens_per_second(served: dict[str, Any]) -> None:
+    url, (experiment_id, run_ids) = served["url"], served["runs"]
     runs_page = rendered(f"{url}/#/experiments/{experiment_id}/runs")
     assert all(name in runs_page for name in RUN_NAMES), "run names missing from the runs page"
     run_page = rendered(f"{url}/#/experiments/{experiment_id}/runs/{run_ids[0]}")
@@ -127,9 +111,9 @@ def test_both_runs_are_listed_and_a_run_page_shows_tokens_per_second(
 
 
 def test_the_runs_page_shows_datasets_and_models_and_the_registry_shows_the_champion(
-    served_models: tuple[str, str],
+    served: dict[str, Any],
 ) -> None:
-    url, experiment_id = served_models
+    url, experiment_id = served["url"], served["models"]
     runs_page = text_of(rendered(f"{url}/#/experiments/{experiment_id}/runs", budget_ms=15000))
     assert "Dataset" in runs_page and "Models" in runs_page  # the columns, filled in:
     assert "tokens-train (" in runs_page and "tokens-validation (" in runs_page

@@ -235,7 +235,7 @@ def test_killed_full_training_resumes_from_its_latest_checkpoint(
     assert checkpoint is not None, "full training wrote no checkpoint before the deadline"
     killed_at = json.loads(checkpoint.read_text())["step"]
 
-    resumed = gptpipe(prefect_env, "--params", params)
+    resumed = gptpipe(prefect_env, "--params", params, "--until", "full")
     full = stages_of(resumed)["full"]
     assert states(resumed)["smoke"] == "cached"
     assert full["state"] == "completed"
@@ -248,7 +248,8 @@ def test_full_training_on_two_processes_records_into_the_stage_run(
     tmp_path: Path, prefect_env: dict[str, str]
 ) -> None:
     write_corpus(tmp_path, seed=4)
-    result = gptpipe(prefect_env, "--params", str(write_params(tmp_path)), "--set", "runtime.nproc=2")
+    two = ["--set", "runtime.nproc=2", "--until", "full"]
+    result = gptpipe(prefect_env, "--params", str(write_params(tmp_path)), *two)
     full = stages_of(result)["full"]
     assert full["state"] == "completed" and full["figures"]["steps"] == 12
     record = json.loads(next((tmp_path / "checkpoints").glob("*-full-*/final.json")).read_text())

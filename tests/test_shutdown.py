@@ -74,14 +74,25 @@ def marked(mark: str) -> list[psutil.Process]:
     return found
 
 
-def start_ui(tmp_path: Path, port: int, mark: str) -> subprocess.Popen:
+def start_ui(tmp_path: Path, port: int, mark: str, *options: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     params = tmp_path / "p.yaml"  # a store of its own, not the project's
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params.write_text(f"iteration: 1\nmodel: gpt_first_cpu\ntracking: {{uri: '{store}'}}\n")
-    command = [sys.executable, "-m", "flows.cli", "ui", "--params", str(params), "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "ui",
+        "--params",
+        str(params),
+        "--port",
+        str(port),
+        *options,
+    ]
     return subprocess.Popen(
-        command, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO), MARK: mark}, stdout=subprocess.DEVNULL,
+        [*command, *options], cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO), MARK: mark},
+        stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "ui.log").open("w"), start_new_session=True,  # its own group, as in a terminal
         preexec_fn=as_in_a_terminal,
     )  # fmt: skip
@@ -104,13 +115,13 @@ def started(mark: str, module: str) -> bool:
         (signal.SIGTERM, "serving"),
         (signal.SIGINT, "serving"),
         (signal.SIGINT, "mlflow"),  # the server process has just been started: it imports, binds, ...
-        (signal.SIGTERM, "mlflow.server.jobs._job_runner"),  # ... and starts its workers meanwhile
+        (signal.SIGTERM, "mlflow.server.jobs._job_runner"),  # ... and, with --jobs, starts eight more
     ],
     ids=["SIGTERM-serving", "SIGINT-serving", "SIGINT-server-starting", "SIGTERM-workers-starting"],
 )
 def test_gptpipe_ui_stops_the_server_and_its_workers(tmp_path: Path, signum: int, moment: str) -> None:
     port, mark = free_port(), uuid.uuid4().hex
-    process = start_ui(tmp_path, port, mark)
+    process = start_ui(tmp_path, port, mark, *(["--jobs"] if "jobs" in moment else []))
     try:
         if moment == "serving":
             wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), CEILING, "the MLflow UI answered")

@@ -138,9 +138,9 @@ def test_opening_a_store_again_in_one_process_finds_the_same_experiment_quickly(
         system_metrics=False,
     )
     first = TrackingSession.open(config)  # what `gptpipe run` does while Prefect's server starts
-    started = time.perf_counter()
     second = TrackingSession.open(config)  # the flow's own open: MLflow kept the store
-    assert time.perf_counter() - started < 2.0  # a new connection migrates and checks: seconds
+    # One store object: its engine connected, migrated and checked once (a new one takes seconds).
+    assert second.client._tracking_client.store is first.client._tracking_client.store
     assert second is not first and second.experiment_id == first.experiment_id
     assert second.system_metrics is False
     another = TrackingSession.open(config.model_copy(update={"experiment": "another"}))

@@ -22,7 +22,7 @@ from process_support import free_port, stop_process_group
 from test_mlflow_browser import wait_healthy
 from tracking_support import Waits, fresh_store, three_step_job
 
-from flows.cli_tracking import server_command
+from flows.cli_tracking import server_command, server_environment
 from gptcore.callbacks import CallbackList, TrainingCallback
 from gptcore.config import TrackingConfig
 from gptcore.trainer import train
@@ -46,12 +46,10 @@ class Server:
 
     def start(self) -> None:
         command = server_command(self.target, "127.0.0.1", self.port)
-        # MLflow's job runner (GenAI jobs, eight more processes) plays no part in tracking: off, the
-        # server starts in a few seconds, twice per test.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
-        )
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env=server_environment(),  # as `gptpipe ui` runs it
+        )  # fmt: skip
         wait_healthy(self.url, self.process)
 
     def stop(self) -> None:
