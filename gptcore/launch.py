@@ -228,11 +228,6 @@ class ProcessTree:
         return killed
 
 
-def stop_process_tree(process: subprocess.Popen, grace_seconds: float = 10.0) -> list[int]:
-    """Stop `process` (started in a session of its own) and every process it started: `ProcessTree.stop`."""
-    return ProcessTree(process).stop(grace_seconds)
-
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -298,8 +293,8 @@ def run_process_tree(
             killed = tree.stop(grace_seconds, hurry=lambda: len(requests) > 1)
             if killed:
                 print(
-                    f"warning: {len(killed)} process(es) did not stop within {grace_seconds:.0f} s of "
-                    f"SIGTERM and were killed: {' '.join(map(str, killed))}",
+                    f"warning: {len(killed)} process(es) still ran {grace_seconds:.0f} s after SIGTERM (or "
+                    f"at a second Ctrl-C) and were killed: {' '.join(map(str, killed))}",
                     file=sys.stderr,
                     flush=True,
                 )
