@@ -23,9 +23,11 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/gptpipe run
 
-# One worker process per core (at most 4), each taking whole modules: a module's servers start once.
+# Worker processes (pytest-xdist), each taking whole modules: the tests wait on servers and subprocesses
+# much of the time, so one more worker than this machine's 2 cores keeps both busy.
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with the most slow tests first: `make test` hands whole modules to its workers
-    (pytest-xdist, --dist loadfile), and a long module started last would run on alone."""
+    (pytest-xdist, --dist loadfile: a module-scoped fixture, a trained model or a server, is built once),
+    and a long module started last would run on alone."""
     slow: dict[str, int] = {}
     for item in items:
         slow[item.module.__name__] = slow.get(item.module.__name__, 0) + bool(item.get_closest_marker("slow"))
@@ -53,10 +54,10 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.wait(timeout=20)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def prefect_env(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The environment of a module's `gptpipe` and `prefect` commands: the session's Prefect server, and
-    a home, result storage (so caches never cross modules) and MLflow store of the module's own."""
+    """The environment of a test's `gptpipe` and `prefect` commands: the session's Prefect server, and
+    a home, result storage (so caches never cross tests) and MLflow store of the test's own."""
     home = tmp_path_factory.mktemp("prefect-home")
     env = {
         **os.environ,
