@@ -1,7 +1,8 @@
 """The end-to-end pipeline on a tiny corpus and a tiny model, each run a real `gptpipe run` subprocess.
 
-One Prefect server serves every run of this module (PREFECT_API_URL), with its home and result storage
-in a temporary folder, so the tests never touch the project's `.prefect/` or the home directory.
+The session's Prefect server serves every run (PREFECT_API_URL); each test has its own Prefect home,
+result storage and MLflow store in a temporary folder, so the tests never touch the project's
+`.prefect/` or the home directory, and no cache crosses tests.
 """
 
 from __future__ import annotations
