@@ -29,8 +29,8 @@ JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 
 def server_environment(jobs: bool = False) -> dict[str, str]:
     """The MLflow server's environment. Its job runner (eight more processes that run MLflow's GenAI jobs:
-    LLM judges, prompt optimization) serves nothing gptpipe records, and triples the server's start-up
-    on a small machine: off unless asked for (`--jobs`) or set in the environment."""
+    LLM judges, prompt optimization) serves nothing gptpipe records and slows the start-up (11.7 s
+    against 7.3 s to answer on 2 cores): off unless asked for (`--jobs`) or set in the environment."""
     env = dict(os.environ)
     if jobs:
         env[JOB_EXECUTION] = "true"

@@ -26,7 +26,6 @@ from tests.process_support import free_port, migrated_prefect_home, stop_process
 from tests.tracking_support import fresh_store
 
 REPO = Path(__file__).resolve().parent.parent
-GRACE = 10.0  # the tree's own SIGTERM grace (gptcore.launch): after it, what is left is killed
 CEILING = 120.0  # a stop takes a few seconds; a hung one never ends: far above the one, still a bound
 MARK = "GPTPIPE_TEST_TREE"  # inherited by every process of the tree, found even after it left the group
 
@@ -163,7 +162,7 @@ def test_a_killed_gptpipe_run_takes_its_temporary_prefect_server_along(tmp_path:
         assert tree and answers(f"{api}/health")
         process.kill()
         process.wait(timeout=5)
-        wait_for(lambda: not alive(tree), GRACE, "the temporary Prefect server stopped")
+        wait_for(lambda: not alive(tree), CEILING, "the temporary Prefect server stopped")
         wait_for(lambda: port_free(port), 5, "the port was free again")
     finally:
         stop_process_group(process, grace_seconds=5)
@@ -191,8 +190,8 @@ def test_gptpipe_run_stopped_by_sigterm_mid_training_leaves_no_process_behind(tm
         tree = psutil.Process(process.pid).children(recursive=True)
         assert tree, "the temporary Prefect server runs beside it"
         process.send_signal(signal.SIGTERM)
-        process.wait(timeout=GRACE)
-        wait_for(lambda: not alive(tree), GRACE, "the temporary Prefect server stopped")
+        process.wait(timeout=CEILING)
+        wait_for(lambda: not alive(tree), CEILING, "the temporary Prefect server stopped")
         assert process.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
         assert "Traceback" not in log.read_text()
     finally:
