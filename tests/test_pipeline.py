@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gptcore.checkpoint import latest_checkpoint
 from gptcore.config import STAGES, load_params
 from gptcore.errors import TrainingError
 from tasks.smoke_gate import judge
@@ -227,14 +228,12 @@ def test_killed_full_training_resumes_from_its_latest_checkpoint(
         stderr=subprocess.DEVNULL,
     )
     try:
-        checkpoint = _wait_for(
-            lambda: next((tmp_path / "checkpoints").glob("*-full-*/step-*.json"), None), 240
-        )
+        checkpoint = _wait_for(lambda: _listed_checkpoint(tmp_path / "checkpoints"), 240)
     finally:
         process.kill()
         process.wait()
     assert checkpoint is not None, "full training wrote no checkpoint before the deadline"
-    killed_at = json.loads(checkpoint.read_text())["step"]
+    killed_at = json.loads(checkpoint.with_suffix(".json").read_text())["step"]
 
     resumed = gptpipe(prefect_env, "--params", params, "--until", "full")
     full = stages_of(resumed)["full"]
@@ -293,6 +292,13 @@ def test_a_smoke_that_diverges_on_validation_stops_the_pipeline_before_full_trai
         "--set smoke.optimizer.warmup_steps=1 --until quantize"
     )
     assert tags["failure.checkpoint"] == "none"  # no full training yet
+
+
+def _listed_checkpoint(checkpoints: Path) -> Path | None:
+    """A full run's checkpoint once its manifest lists it: what a resume continues from (its sidecar
+    lands a moment before the manifest, and a kill in between leaves it unlisted)."""
+    folder = next(checkpoints.glob("*-full-*"), None)
+    return latest_checkpoint(folder) if folder else None
 
 
 def _wait_for(find, seconds: float):
