@@ -27,12 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def measure(profile: str, steps: int, background: bool) -> dict:
     """One run in this process: the stall of each periodic save and the run's figures."""
-    from gptcore import checkpointer
-    from gptcore.callbacks import TrainingCallback
+    from gptcore.checkpoint.files import manager as checkpointer
     from gptcore.config import RuntimeConfig, TrainingConfig, load_profile
-    from gptcore.host_memory import tune_malloc
-    from gptcore.synthetic import synthetic_stream
-    from gptcore.trainer import TrainJob, train
+    from gptcore.data.synthetic import synthetic_stream
+    from gptcore.runtime.malloc import tune_malloc
+    from gptcore.train.callbacks import TrainingCallback
+    from gptcore.train.trainer import TrainJob, train
 
     tune_malloc()  # as `gptpipe` runs
     stalls: list[tuple[str, float]] = []

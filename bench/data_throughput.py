@@ -24,11 +24,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gptcore.config import CorpusConfig, TokenizerConfig
-from gptcore.corpus import corpus_fingerprint, load_corpus
-from gptcore.fast_encode import make_encoder, workers
-from gptcore.token_build import build_token_files
-from gptcore.tokenfile import open_tokens
-from gptcore.tokenizer_training import load_tokenizer, train_tokenizer
+from gptcore.data.build import build_token_files
+from gptcore.data.corpus import corpus_fingerprint, load_corpus
+from gptcore.data.encoders import make_encoder, workers
+from gptcore.data.tokenfile import open_tokens
+from gptcore.data.tokenizer import load_tokenizer, train_tokenizer
 
 
 class PeakRss:

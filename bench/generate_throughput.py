@@ -34,9 +34,9 @@ def measure(profile: str, new_tokens: int, mode: str, threads: int) -> dict:
 
     from gptcore.config import load_profile
     from gptcore.generate import sample
-    from gptcore.kv_cache import KVCache
-    from gptcore.memory import peak_memory_bytes
-    from gptcore.model import GPT
+    from gptcore.model.gpt import GPT
+    from gptcore.model.kv_cache import KVCache
+    from gptcore.runtime.memory import peak_memory_bytes
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -61,7 +61,7 @@ part() {  # part KIND NAME LIMIT_SECONDS ARGS...: one `gptpipe` command, its fig
   local kind=$1 name=$2 limit=$(($3 * SCALE))
   shift 3
   echo "== $name: gptpipe $*"
-  timeout --kill-after=10 "$limit" "$PY" -m flows.cli "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+  timeout --kill-after=10 "$limit" "$PY" -m flows.cli.main "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
   local rc=$?
   [[ $rc -eq 124 || $rc -eq 137 ]] && echo "  $name: stopped at its ${limit} s limit"
   { echo "===== $name (exit $rc): gptpipe $*"; cat "$WORK/$name.out"; echo "----- stderr"; cat "$WORK/$name.err"; } \
@@ -78,7 +78,7 @@ train() {  # train NAME LIMIT ARGS...: a bounded `gptpipe train` on a synthetic 
     "$@" "${BOUNDS[@]}"
 }
 
-"$PY" -c 'import flows.cli, flows.cli_train, flows.cli_tracking, gptcore.trainer, gptcore.comparison' \
+"$PY" -c 'import flows.cli.main, flows.cli.train, flows.cli.tracking, gptcore.train.trainer, gptcore.eval.comparison' \
   || { echo "error: the check's imports fail with $PY (PYTHONPATH=$PYTHONPATH)" >&2; exit 1; }
 
 part device device 30 device --device "$DEVICE" --json

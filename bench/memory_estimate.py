@@ -4,7 +4,7 @@ activation checkpointing off and on, a few real training steps each at a small b
 Each case runs in a fresh process (the trainer, a synthetic stream, no checkpoints) so one case's heap
 is not the next one's baseline. The measurement is the trainer's own `training_peak_memory_bytes`:
 the resident high-water mark since training started less the resident set before the model was
-built (`gptcore.memory`). Prints one JSON line per case and a closing table: estimate / measured (the
+built (`gptcore.runtime.memory`). Prints one JSON line per case and a closing table: estimate / measured (the
 target is within ±25%), and for activation checkpointing the peak's reduction and the step-time cost.
 
     .venv/bin/python bench/memory_estimate.py [--steps 4] [--profiles gpt_first_cpu,gpt_42m,gpt_100m]
@@ -25,11 +25,11 @@ TOLERANCE = 0.25
 
 def measure(profile: str, batch: int, precision: str, checkpointing: bool, steps: int) -> dict:
     """One case, in this process: the trainer's summary figures."""
-    from gptcore.callbacks import TrainingCallback
     from gptcore.config import RuntimeConfig, TrainingConfig, load_profile
-    from gptcore.host_memory import tune_malloc
-    from gptcore.synthetic import synthetic_stream
-    from gptcore.trainer import TrainJob, train
+    from gptcore.data.synthetic import synthetic_stream
+    from gptcore.runtime.malloc import tune_malloc
+    from gptcore.train.callbacks import TrainingCallback
+    from gptcore.train.trainer import TrainJob, train
 
     tune_malloc()  # as `gptpipe` runs
     config = load_profile(profile).architecture

@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-GPTPIPE = [sys.executable, "-m", "flows.cli"]  # the same entry point as the `gptpipe` script
+GPTPIPE = [sys.executable, "-m", "flows.cli.main"]  # the same entry point as the `gptpipe` script
 # Seconds of work each stage reports about itself, by figure name.
 WORK = {
     "tokenizer": "tokenizer_seconds",

@@ -1,4 +1,5 @@
-"""The quantization trade-off on this machine: each method's row (`gptcore.quant_tradeoff`) for the trained
+"""The quantization trade-off on this machine: each method's row (`gptcore.eval.quant_tradeoff`) for the
+trained
 iteration-1 model and for `gpt_42m`, optionally with generation under `torch.compile` beside eager.
 
 - `gpt_first_cpu`: the evaluated checkpoint of `make run` (the newest `checkpoints/iteration-1-full-*/
@@ -19,7 +20,7 @@ import json
 from pathlib import Path
 
 from gptcore.config import EvaluateConfig, QuantizeConfig, load_profile
-from gptcore.quantization import METHODS, cpu_features, quantized
+from gptcore.model.quantization import METHODS, cpu_features, quantized
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ def compiled_speeds(model, ids: list[int], settings: QuantizeConfig) -> dict[str
     cache grows every step); a method that does not compile says why."""
     import torch
 
-    from gptcore.quant_tradeoff import generation_speed
+    from gptcore.eval.quant_tradeoff import generation_speed
 
     speeds: dict[str, str | float] = {}
     for method in METHODS:
@@ -62,8 +63,8 @@ def measure(
 ) -> None:
     import tempfile
 
-    from gptcore.quant_tradeoff import measure_tradeoff, tradeoff_markdown
-    from gptcore.tokenfile import open_tokens
+    from gptcore.data.tokenfile import open_tokens
+    from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown
 
     settings = QuantizeConfig(methods=list(METHODS), max_test_tokens=max_test_tokens)
     test = open_tokens(test_path)
@@ -100,9 +101,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from gptcore.generate import load_model
-    from gptcore.model import GPT
-    from gptcore.model_files import checkpoint_tokenizer
+    from gptcore.checkpoint.load import load_model
+    from gptcore.export.model_files import checkpoint_tokenizer
+    from gptcore.model.gpt import GPT
 
     checkpoint = newest("checkpoints/iteration-1-full-*/best.pt")
     trained, record = load_model(checkpoint)

@@ -3,7 +3,8 @@
 CPU: iteration 1's model (`gpt_first_cpu`, 8 x 256 tokens per step) as one process of batch 8 and as two
 ranks of batch 4 (Gloo). On a 2-core machine two ranks share the same cores (one thread each instead of
 two), so expect well below 2x: the figure is printed as it is. With CUDA: one GPU under torchrun
-(`--nproc 1` through `gptcore.launch`, process group and all) against plain single-process training.
+(`--nproc 1` through `gptcore.distributed.torchrun`, process group and all) against plain single-process
+training.
 
 Every figure is the trainer's own steady-state `tokens_per_second` (global, warm-up excluded) from its
 summary line, measured in this run. Prints one JSON line per run and the ratios.
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def train(args: list[str], launcher: list[str] | None, checkpoints: Path) -> dict:
     """One `gptpipe train` run in a fresh process; its summary line."""
     entry = launcher or [sys.executable, "-m"]
-    command = [*entry, "flows.cli", "train", *args, "--checkpoint-directory", str(checkpoints)]
+    command = [*entry, "flows.cli.main", "train", *args, "--checkpoint-directory", str(checkpoints)]
     command += ["--synthetic", "--no-track", "--eval-every", "1000000", "--checkpoint-every", "1000000"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ})
     if result.returncode != 0:
@@ -55,7 +56,15 @@ def cpu_scaling(steps: int, folder: Path) -> None:
 def gpu_overhead(steps: int, iteration: int, folder: Path) -> None:
     common = ["--iteration", str(iteration), "--device", "cuda", "--max-steps", str(steps)]
     plain = report("gpu-plain-process", train(common, None, folder / "g1"))
-    torchrun = [sys.executable, "-m", "gptcore.launch", "--nproc-per-node", "1", "--standalone", "-m"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "gptcore.distributed.torchrun",
+        "--nproc-per-node",
+        "1",
+        "--standalone",
+        "-m",
+    ]
     launched = report("gpu-1-rank-under-torchrun", train(common, torchrun, folder / "g2"))
     ratio = launched / plain
     print(f"gpu: 1 rank under torchrun / plain = {ratio:.3f}x tokens/s ({launched:.0f} vs {plain:.0f})")

@@ -38,7 +38,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10)
     args = parser.parse_args()
     port = free_port()
-    command = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))",
+    ]
     server = subprocess.Popen(
         [*command, "serve", "--model", args.model, "--port", str(port)],
         cwd=REPO,
@@ -73,7 +77,7 @@ def main() -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
-    from tasks.tracking.model_uri import load_model_uri
+    from tasks.tracking.models.model_uri import load_model_uri
 
     model = load_model_uri(args.model)
     params = {"max_new_tokens": args.new_tokens, "temperature": 0}

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from gptcore.callbacks import TrainingCallback
 from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrackingConfig, TrainingConfig
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, train
+from gptcore.data.synthetic import synthetic_stream
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.trainer import TrainJob, train
 from tasks.tracking import TrackingSession
 
 MODEL = ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=2048)

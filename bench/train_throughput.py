@@ -1,6 +1,6 @@
 """Training throughput and MFU of `gpt_first_cpu` at batch 8 x 256 on CPU, fp32 and bf16.
 
-Runs the real trainer (`gptcore.trainer.train`) on a synthetic stream for a bounded number of steps and
+Runs the real trainer (`gptcore.train.trainer.train`) on a synthetic stream for a bounded number of steps and
 divides the achieved model FLOP/s by a matmul peak measured in the same process, with the same thread
 count, in the same precision. Prints one JSON line per precision and a closing table; no thresholds.
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gptcore.host_memory import tune_malloc
+from gptcore.runtime.malloc import tune_malloc
 
 # As `gptpipe` does, before torch is imported; GPTPIPE_MALLOC_TUNING=0 measures glibc's defaults.
 HOST_ALLOCATOR = tune_malloc()
@@ -41,12 +41,12 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().pa
 
 import torch
 
-from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig, load_profile
-from gptcore.model import GPT
-from gptcore.performance import FLOP_FORMULA, SQUARE, Shape, flops_per_token, model_matmul_shapes
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, train
+from gptcore.data.synthetic import synthetic_stream
+from gptcore.model.gpt import GPT
+from gptcore.runtime.flops import FLOP_FORMULA, SQUARE, Shape, flops_per_token, model_matmul_shapes
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.trainer import TrainJob, train
 
 BATCH = 8
 WARMUP_STEPS = 2  # allocator growth, kernel selection, compilation

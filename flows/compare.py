@@ -1,4 +1,4 @@
-"""The `compare` flow: the bounded comparison of `gptcore.comparison`, recorded in MLflow.
+"""The `compare` flow: the bounded comparison of `gptcore.eval.comparison`, recorded in MLflow.
 
 Both runs are children of one parent run; their controls are read back from MLflow (not from memory)
 and compared, so what is compared is what was recorded. The comparison table is printed and logged on
@@ -14,7 +14,8 @@ from typing import Any
 
 from prefect import flow
 
-from gptcore.comparison import (
+from gptcore.errors import ConfigError, first_line
+from gptcore.eval.comparison import (
     Limits,
     compare_records,
     inference_rows,
@@ -23,8 +24,7 @@ from gptcore.comparison import (
     print_comparison,
     train_side,
 )
-from gptcore.errors import ConfigError, first_line
-from gptcore.records import table_columns
+from gptcore.train.records import table_columns
 
 
 def compare_runs(
@@ -71,7 +71,7 @@ def run_comparison(
     """Train both sides with identical controls, record them in MLflow, compare them from the record."""
     import torch
 
-    from gptcore.records import profile_params
+    from gptcore.train.records import profile_params
     from tasks.tracking import TrackingSession
 
     session = session or TrackingSession.open(params.tracking)  # unreachable store: stop before training

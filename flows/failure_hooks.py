@@ -64,7 +64,7 @@ def describe_failure(
 
 
 def _latest_checkpoint(params_path: str, overrides: list[str]) -> Path | None:
-    from gptcore.checkpoint import latest_checkpoint
+    from gptcore.checkpoint.files import latest_checkpoint
     from gptcore.config import load_params
 
     params = load_params(params_path, overrides)

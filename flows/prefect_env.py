@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gptcore.launch import LAUNCHER_PID_VARIABLE
+from gptcore.tools.processes import LAUNCHER_PID_VARIABLE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PREFECT_TOML = PROJECT_ROOT / "prefect.toml"

@@ -12,7 +12,7 @@ from flows.gc_tuning import bulk_imports
 
 
 def main() -> None:
-    from gptcore.launch import die_with_parent
+    from gptcore.tools.processes import die_with_parent
 
     die_with_parent()  # `gptpipe run` killed in any way takes its temporary server along
     with bulk_imports():

@@ -24,10 +24,10 @@ from typing import Any
 from prefect import flow
 
 from flows.report import headline_figures
-from gptcore.records import table_columns
 from gptcore.sweep import Trial
+from gptcore.train.records import table_columns
 
-GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"]
 TABLE_ARTIFACT = "sweep.json"
 FIGURES = ("test_bits_per_byte", "final_val_loss", "tokens_per_second")  # the table's columns
 
@@ -55,7 +55,7 @@ def run_trial(
     params_path: str, base: list[str], trial: Trial, parent_run_id: str | None, cancel: threading.Event
 ) -> TrialResult:
     """One trial as `gptpipe run --until evaluate` in a process of its own; its report's figures."""
-    from gptcore.launch import run_process_tree
+    from gptcore.tools.processes import run_process_tree
 
     started = time.time()
     result = TrialResult(trial)

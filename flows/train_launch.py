@@ -1,6 +1,7 @@
 """`gptpipe train` on several processes: the torchrun topology its flags ask for.
 
-The training itself is launched by `gptcore.rank.launch_job` (see `flows.cli_train.train_launched`),
+The training itself is launched by `gptcore.train.multiprocess.launch_job` (see
+`flows.cli.train.train_launched`),
 the same way the pipeline's full stage launches it. Torch is imported inside the functions only.
 """
 
@@ -23,7 +24,7 @@ def nproc_value(raw: str | None) -> int | str | None:
 def launch_spec(params: Any, launch: dict[str, Any]) -> Any | None:
     """The torchrun topology when this command must launch ranks, None when it trains in process
     (one process asked for, or already a rank under torchrun)."""
-    from gptcore.launch import LaunchSpec, resolve_nproc, under_torchrun
+    from gptcore.distributed.torchrun import LaunchSpec, resolve_nproc, under_torchrun
 
     if under_torchrun():
         return None

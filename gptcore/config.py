@@ -112,12 +112,13 @@ class TokenizerConfig(Strict):
 
 
 class RuntimeConfig(Strict):
-    """What the user asks for; `gptcore.runtime` resolves `auto` and the unset fields per device."""
+    """What the user asks for; `gptcore.runtime.device` resolves `auto` and the unset fields per device."""
 
     device: Device = "auto"
     precision: Precision = "auto"
     batch_size: PositiveInt | Literal["auto"] | None = Field(
-        default=None, description="per rank and micro-step; auto: the largest that fits (gptcore.batch_size)"
+        default=None,
+        description="per rank and micro-step; auto: the largest that fits (gptcore.runtime.batch_size)",
     )
     grad_accum_steps: int | None = Field(default=None, ge=1)
     effective_batch_size: int | None = Field(
@@ -226,10 +227,10 @@ class EvaluateConfig(Strict):
 class ExportConfig(Strict):
     """Exports of the evaluated checkpoint after the evaluate stage."""
 
-    hf: bool = Field(default=False, description="a Hugging Face GPT-2 folder (gptcore.hf_export)")
+    hf: bool = Field(default=False, description="a Hugging Face GPT-2 folder (gptcore.export.hf)")
 
 
-QuantizationMethod = Literal["fp32", "bf16", "int8-weight-only", "int8-dynamic"]  # gptcore.quantization
+QuantizationMethod = Literal["fp32", "bf16", "int8-weight-only", "int8-dynamic"]  # gptcore.model.quantization
 
 
 class QuantizeConfig(Strict):

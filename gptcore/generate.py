@@ -7,37 +7,10 @@ from typing import Any
 
 import torch
 
-from gptcore import checkpoint as ckpt
-from gptcore.config import ModelConfig
-from gptcore.errors import CheckpointError, ConfigError, DataError
-from gptcore.kv_cache import KVCache
-from gptcore.model import GPT
-
-
-def choose_checkpoint(directory: Path, name: str = "auto") -> Path:
-    """`final`, `best`, `latest`, or `auto` (final, else the latest periodic one)."""
-    directory = Path(directory)
-    if name in ("final", "best"):
-        path = ckpt.named_checkpoint(directory, name)
-    elif name in ("latest", "auto"):
-        path = (
-            ckpt.named_checkpoint(directory, "final") if name == "auto" else None
-        ) or ckpt.latest_checkpoint(directory)
-    else:
-        raise CheckpointError(f"--checkpoint {name!r}: expected auto, final, best or latest")
-    if path is None:
-        raise CheckpointError(
-            f"{directory}: no {name} checkpoint there (train with --checkpoint-directory first)"
-        )
-    return path
-
-
-def load_model(path: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any]]:
-    record = ckpt.checkpoint_metadata(path)
-    model = GPT(ModelConfig.model_validate(record["model_config"]))
-    model.load_state_dict(ckpt.load_checkpoint(path)["model"])
-    return model.to(device).eval(), record
-
+from gptcore.checkpoint.load import choose_checkpoint, load_model
+from gptcore.errors import ConfigError, DataError
+from gptcore.model.gpt import GPT
+from gptcore.model.kv_cache import KVCache
 
 # When the cache fills the window, sampling goes on from a new cache of the context's last three quarters:
 # one prefill of 3/4 of the window every quarter window of new tokens (positions are absolute, so a

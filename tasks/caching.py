@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tasks.stage_results import StageResult
+from tasks.results import StageResult
 
 R = TypeVar("R", bound=StageResult)
 

@@ -14,7 +14,7 @@ A holder killed outright leaves its Prefect slot taken until the server's lease 
 while held), and a temporary Prefect server (the one `gptpipe run` starts, which runs no lease reaper)
 keeps it taken for good. So when the server is on loopback, which only this machine's processes reach,
 and this process holds the machine's lock, nobody alive can hold the slot: it is taken back at once. The
-checkpoint directory's lock (`gptcore.run_lock`) stays as a further guard.
+checkpoint directory's lock (`gptcore.checkpoint.lock`) stays as a further guard.
 """
 
 from __future__ import annotations

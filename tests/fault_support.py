@@ -80,7 +80,7 @@ def train_command(params: Path, checkpoints: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "flows.cli",
+        "flows.cli.main",
         "train",
         "--params",
         str(params),

@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from gptcore.batch_size import (
+from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
+from gptcore.data.synthetic import synthetic_stream
+from gptcore.errors import ConfigError, TrainingError
+from gptcore.model.gpt import GPT
+from gptcore.runtime.batch_size import (
     MARGIN,
     OutOfMemory,
     accumulation,
@@ -18,13 +22,9 @@ from gptcore.batch_size import (
     probe_step,
     probed_choice,
 )
-from gptcore.callbacks import TrainingCallback
-from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
-from gptcore.errors import ConfigError, TrainingError
-from gptcore.memory import StepMemory
-from gptcore.model import GPT
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, train
+from gptcore.runtime.memory import StepMemory
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.trainer import TrainJob, train
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore.batches import BatchLoader, StepPlan, epoch_order, open_examples, unigram_loss
+from gptcore.data.batches import BatchLoader, StepPlan, epoch_order, open_examples, unigram_loss
+from gptcore.data.tokenfile import TokenFileManifest, write_manifest
 from gptcore.errors import DataError
-from gptcore.tokenfile import TokenFileManifest, write_manifest
 
 
 def _bin(path: Path, tokens: np.ndarray) -> Path:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore import checkpoint as ckpt
+from gptcore.checkpoint import files as ckpt
 from gptcore.errors import CheckpointError
 
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-import gptcore.checkpoint as ckpt
-from gptcore.callbacks import TrainingCallback
+import gptcore.checkpoint.files as ckpt
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
+from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import CheckpointError, DiskFullError
-from gptcore.fingerprint import sha256_file
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, train
+from gptcore.tools.fingerprint import sha256_file
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.trainer import TrainJob, train
 from tests.disk_full_support import half_then_full, leftovers, snapshot
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import gptcore.checkpoint as ckpt
-from gptcore.checkpoint_writer import CheckpointWriter, Written, snapshot
+import gptcore.checkpoint.files as ckpt
+from gptcore.checkpoint.writer import CheckpointWriter, Written, snapshot
 from gptcore.errors import DiskFullError
-from gptcore.trainer import train
+from gptcore.train.trainer import train
 from tests.test_checkpoint_faults import job
 
 

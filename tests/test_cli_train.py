@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from flows.cli import main
-from gptcore import host_memory
+from flows.cli.main import main
+from gptcore.runtime import malloc as host_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_PARAMS = {
@@ -51,7 +51,7 @@ def _params(tmp_path: Path) -> Path:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_train_on_cuda_without_cuda_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "train", "--device", "cuda", "--dry-run"],
+        [sys.executable, "-m", "flows.cli.main", "train", "--device", "cuda", "--dry-run"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -202,7 +202,7 @@ def hiding_import(name, *args, **kwargs):
     return real_import(name, *args, **kwargs)
 builtins.__import__ = hiding_import
 sys.argv = ["gptpipe", *sys.argv[2:]]
-from flows.cli import entry
+from flows.cli.main import entry
 entry()
 """
 
@@ -243,7 +243,11 @@ def _on_a_terminal(*args: str) -> tuple[int, str]:
     import pty
 
     main_end, terminal = pty.openpty()
-    command = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))",
+    ]
     process = subprocess.Popen([*command, *args], stdout=terminal, stderr=terminal, cwd=ROOT)
     os.close(terminal)
     chunks = []
@@ -279,7 +283,7 @@ def test_a_parameter_file_piped_from_the_shell_is_read(tmp_path: Path) -> None:
     os.close(write_end)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "train", "--params", f"/dev/fd/{read_end}", "--dry-run"],
+            [sys.executable, "-m", "flows.cli.main", "train", "--params", f"/dev/fd/{read_end}", "--dry-run"],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from tracking_support import fresh_store
 
-from flows.cli import main
+from flows.cli.main import main
 from flows.compare import compare, compare_runs
-from gptcore.comparison import Limits, NotComparable, choose_axis, differing_controls
 from gptcore.config import TrackingConfig, load_params
 from gptcore.errors import ConfigError
+from gptcore.eval.comparison import Limits, NotComparable, choose_axis, differing_controls
 from tasks.tracking import TrackingSession
 
 TINY = "{n_layer: 1, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 300}"

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gptcore.config import CorpusConfig
-from gptcore.corpus import SPLITS, corpus_fingerprint, decode_utf8, load_corpus, split_of, stdlib_files
+from gptcore.data.corpus import SPLITS, corpus_fingerprint, decode_utf8, load_corpus, split_of, stdlib_files
 from gptcore.errors import ConfigError, DataError
 
 WORDS = [

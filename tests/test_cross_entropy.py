@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcore.cross_entropy import cross_entropy
+from gptcore.model.cross_entropy import cross_entropy
 
 
 def loss_and_grad(function, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

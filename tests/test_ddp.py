@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
 
 pytestmark = pytest.mark.slow  # each torchrun start costs seconds of process start-up and rendezvous
 
@@ -84,7 +84,7 @@ def environment() -> dict[str, str]:
 
 
 def gptpipe(args: list[str]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "flows.cli", *args]
+    command = [sys.executable, "-m", "flows.cli.main", *args]
     return subprocess.Popen(
         command, cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -150,7 +150,7 @@ def test_two_launchers_of_one_process_each_form_one_job(folder, reference):
 def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
     for child in psutil.Process(launcher.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.environ().get("RANK") == str(rank) and "gptcore.rank" in child.cmdline():
+            if child.environ().get("RANK") == str(rank) and "gptcore.train.multiprocess" in child.cmdline():
                 return child
     raise AssertionError(f"rank {rank} not found under the launcher")
 

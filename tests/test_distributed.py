@@ -17,19 +17,19 @@ import numpy as np
 import psutil
 import pytest
 
-from gptcore.batches import StepPlan, epoch_order
-from gptcore.callbacks import TrainingCallback
-from gptcore.distributed import World, collective_timeout, rank_micro_batches, rank_range, world_from_env
-from gptcore.errors import ConfigError
-from gptcore.json_lines import JsonLinesReplay
-from gptcore.launch import (
-    LaunchCancelled,
-    LaunchSpec,
-    exit_code_of,
-    resolve_nproc,
-    run_process_tree,
-    torchrun_command,
+from gptcore.data.batches import StepPlan, epoch_order
+from gptcore.distributed.group import (
+    World,
+    collective_timeout,
+    rank_micro_batches,
+    rank_range,
+    world_from_env,
 )
+from gptcore.distributed.torchrun import LaunchSpec, exit_code_of, resolve_nproc, torchrun_command
+from gptcore.errors import ConfigError
+from gptcore.tools.processes import LaunchCancelled, run_process_tree
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.json_lines import JsonLinesReplay
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,7 +145,7 @@ def _free_port() -> int:
 OVERFLOW_PROBE = textwrap.dedent(
     """
     import json, os, torch
-    from gptcore.distributed import grad_scaler, leave_rank, process_group
+    from gptcore.distributed.group import grad_scaler, leave_rank, process_group
     with process_group("cpu") as world:
         weight = torch.nn.Parameter(torch.ones(3))
         optimizer = torch.optim.SGD([weight], lr=0.1)
@@ -186,8 +186,8 @@ def test_the_fp16_overflow_check_agrees_across_ranks():
 
 def test_one_node_launch_is_standalone_and_several_nodes_name_the_rendezvous():
     one = torchrun_command(LaunchSpec(2), ["job.json"], python="py")
-    launcher = ["py", "-m", "gptcore.launch", "--nproc-per-node", "2", "--standalone"]
-    assert one == [*launcher, "-m", "gptcore.rank", "job.json"]
+    launcher = ["py", "-m", "gptcore.distributed.torchrun", "--nproc-per-node", "2", "--standalone"]
+    assert one == [*launcher, "-m", "gptcore.train.multiprocess", "job.json"]
     spec = LaunchSpec(1, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", rdzv_id="job7")
     assert spec.torchrun_flags() == [
         "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
@@ -285,7 +285,7 @@ def test_a_second_ctrl_c_kills_at_once_what_refuses_sigterm():
 def test_a_signal_while_the_tree_starts_still_stops_the_tree(monkeypatch: pytest.MonkeyPatch):
     """SIGTERM lands just after the process started, before any line was read: the tree is stopped
     all the same, then the signal reaches the handler that was there before."""
-    import gptcore.launch as launch
+    import gptcore.tools.processes as processes
 
     started: list[subprocess.Popen] = []
     popen = subprocess.Popen
@@ -298,7 +298,7 @@ def test_a_signal_while_the_tree_starts_still_stops_the_tree(monkeypatch: pytest
 
     seen: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
-    monkeypatch.setattr(launch.subprocess, "Popen", popen_then_signal)
+    monkeypatch.setattr(processes.subprocess, "Popen", popen_then_signal)
     try:
         with pytest.raises(LaunchCancelled, match="stopped by SIGTERM"):
             run_process_tree([sys.executable, "-c", "import time; time.sleep(600)"], lambda line: None)

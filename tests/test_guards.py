@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-import gptcore.trainer as trainer_module
-from gptcore.callbacks import TrainingCallback
-from gptcore.checkpoint import latest_checkpoint, load_checkpoint
+import gptcore.train.trainer as trainer_module
+from gptcore.checkpoint.files import latest_checkpoint, load_checkpoint
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
+from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import TrainingError
-from gptcore.guards import NonFiniteGuard
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, train
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.guards import NonFiniteGuard
+from gptcore.train.trainer import TrainJob, train
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300)
 TRAIN = synthetic_stream(300, 9 * 128, seed=1)

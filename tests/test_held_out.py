@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore.callbacks import TrainingCallback
 from gptcore.config import (
     CorpusConfig,
     EvaluateConfig,
@@ -20,14 +19,15 @@ from gptcore.config import (
     TokenizerConfig,
     TrainingConfig,
 )
-from gptcore.corpus import load_corpus
+from gptcore.data.build import TokenFolderManifest, build_token_files
+from gptcore.data.corpus import load_corpus
+from gptcore.data.tokenfile import open_tokens
+from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import DataError
-from gptcore.held_out import evaluate_held_out, held_out_prompts, summed_nats
-from gptcore.model import GPT
-from gptcore.token_build import TokenFolderManifest, build_token_files
-from gptcore.tokenfile import open_tokens
-from gptcore.tokenizer_training import train_tokenizer
-from gptcore.trainer import TrainJob, train
+from gptcore.eval.held_out import evaluate_held_out, held_out_prompts, summed_nats
+from gptcore.model.gpt import GPT
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.trainer import TrainJob, train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=512)

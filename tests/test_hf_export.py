@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from gptcore.checkpoint.load import load_model
 from gptcore.config import (
     CorpusConfig,
     ModelConfig,
@@ -17,13 +18,13 @@ from gptcore.config import (
     TokenizerConfig,
     TrainingConfig,
 )
-from gptcore.corpus import load_corpus
+from gptcore.data.build import build_token_files
+from gptcore.data.corpus import load_corpus
+from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import ConfigError, DiskFullError
-from gptcore.generate import Completer, load_model
-from gptcore.hf_export import export_hf
-from gptcore.token_build import build_token_files
-from gptcore.tokenizer_training import train_tokenizer
-from gptcore.trainer import TrainJob, train
+from gptcore.export.hf import export_hf
+from gptcore.generate import Completer
+from gptcore.train.trainer import TrainJob, train
 from tests.disk_full_support import leftovers, no_space, snapshot
 
 transformers = pytest.importorskip("transformers")  # the `hf` extra, which `make test` installs
@@ -107,7 +108,7 @@ def test_a_full_disk_during_an_export_keeps_the_earlier_export(
 ) -> None:
     import safetensors.torch
 
-    from gptcore import hf_export
+    from gptcore.export import hf as hf_export
 
     checkpoint, tokenizer_path, _, _ = trained_model(tmp_path, bias=True)
     model, _ = load_model(checkpoint)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptcore import host_memory
+from gptcore.runtime import malloc as host_memory
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ import torch
 
 from gptcore.config import ModelConfig, load_profile
 from gptcore.generate import sample
-from gptcore.kv_cache import KVCache
-from gptcore.model import GPT
+from gptcore.model.gpt import GPT
+from gptcore.model.kv_cache import KVCache
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 

@@ -20,7 +20,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrackingSession, 
 
 
 def test_the_best_and_final_checkpoints_are_logged_models_of_the_run_at_their_steps(trained) -> None:
-    from gptcore.checkpoint import checkpoint_metadata
+    from gptcore.checkpoint.files import checkpoint_metadata
 
     session, callback, run = trained
     assert set(callback.models) == {"best", "final"}
@@ -53,7 +53,7 @@ def test_a_logged_model_loads_and_completes_prompts_as_gptpipe_generate_does(tra
 def test_the_registry_moves_champion_only_to_a_better_test_figure_and_registers_a_checkpoint_once(
     trained, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks.tracking.registry import register
+    from tasks.tracking.models.registry import register
 
     session, callback, run = trained
     client, experiment = session.client, session.experiment_id
@@ -84,7 +84,7 @@ def test_gptpipe_generate_takes_a_model_uri_beside_a_checkpoint_directory(
 ) -> None:
     import json
 
-    from flows.cli import main
+    from flows.cli.main import main
 
     session, callback, run = trained
     monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)
@@ -123,7 +123,7 @@ def test_gptpipe_serve_answers_completions_and_bad_requests_and_stops_with_its_t
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "MLFLOW_TRACKING_URI": session.target.uri}
-    command = "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"
     model = f"models:/{callback.models['final']}"
     server = subprocess.Popen(
         [sys.executable, "-c", command, "serve", "--model", model, "--port", str(port)],
@@ -176,7 +176,7 @@ def test_gptpipe_export_writes_a_hugging_face_folder_from_a_checkpoint_or_a_logg
 
     from safetensors.torch import load_file
 
-    from flows.cli import main
+    from flows.cli.main import main
 
     session, callback, run = trained
     monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)
@@ -209,11 +209,11 @@ def test_quantized_models_are_versions_tagged_with_their_method_and_champion_sta
     trained, tmp_path: Path
 ) -> None:
     pytest.importorskip("torchao", reason="the quant extra is not installed")
-    from gptcore.fingerprint import sha256_file
-    from gptcore.generate import load_model
-    from gptcore.model_files import checkpoint_tokenizer, write_model_files
-    from gptcore.quantization import quantized
-    from tasks.tracking.registry import register, register_quantized
+    from gptcore.checkpoint.load import load_model
+    from gptcore.export.model_files import checkpoint_tokenizer, write_model_files
+    from gptcore.model.quantization import quantized
+    from gptcore.tools.fingerprint import sha256_file
+    from tasks.tracking.models.registry import register, register_quantized
 
     session, callback, run = trained
     client, experiment, name = session.client, session.experiment_id, "gpt-quantized"
@@ -258,8 +258,8 @@ def test_gptpipe_quantize_measures_a_registered_model_and_registers_its_quantize
     trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("torchao", reason="the quant extra is not installed")
-    from flows.cli import main
-    from tasks.tracking.registry import register
+    from flows.cli.main import main
+    from tasks.tracking.models.registry import register
 
     session, callback, run = trained
     register(session.client, session.experiment_id, callback.run_id, "gpt-cli", run / "final.pt", 2.0)

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from gptcore import host_memory
-from gptcore import memory as memory_module
-from gptcore import model as model_module
-from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig, load_profile
-from gptcore.memory import StepMemory
-from gptcore.model import GPT
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, train
+from gptcore.data.synthetic import synthetic_stream
+from gptcore.model import gpt as model_module
+from gptcore.model.gpt import GPT
+from gptcore.runtime import malloc as host_memory
+from gptcore.runtime import memory as memory_module
+from gptcore.runtime.memory import StepMemory
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.trainer import TrainJob, train
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 TRAIN = synthetic_stream(300, 17 * 200, seed=1)

@@ -18,7 +18,7 @@ import pytest
 from process_support import free_port, stop_process_group
 from tracking_support import tracked_training
 
-from flows.cli_tracking import server_command, server_environment
+from flows.cli.tracking import server_command, server_environment
 from gptcore.config import TrackingConfig
 from tasks.tracking import TrackingSession
 
@@ -58,7 +58,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     """One store and one `gptpipe ui` server for the module: two short runs in experiment `browser`, and a
     tracked training whose best checkpoint is registered as `gptpipe-iteration-1` (so `@champion`) in
     experiment `browser-models`."""
-    from tasks.tracking.registry import register
+    from tasks.tracking.models.registry import register
 
     folder = tmp_path_factory.mktemp("browser")
     with pytest.MonkeyPatch.context() as patch:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gptcore.config import ModelConfig, load_profile
-from gptcore.model import GPT, optimizer_groups
+from gptcore.model.gpt import GPT, optimizer_groups
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 

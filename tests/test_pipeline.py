@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from gptcore.checkpoint import latest_checkpoint
+from gptcore.checkpoint.files import latest_checkpoint
 from gptcore.config import STAGES, load_params
 from gptcore.errors import TrainingError
-from tasks.smoke_gate import judge
-from tasks.stage_results import DeviceResult, StageResult, file_record
-from tasks.training_stages import full_refusal
+from tasks.results import DeviceResult, StageResult, file_record
+from tasks.stages.smoke_gate import judge
+from tasks.stages.training import full_refusal
 
 REPO = Path(__file__).resolve().parent.parent
-GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"]
 WORDS = [
     "the",
     "quick",
@@ -329,7 +329,7 @@ def test_bad_override_is_one_line_before_any_stage(tmp_path: Path) -> None:
 
 
 def test_unknown_stage_for_until_is_refused(tmp_path: Path) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
 
     assert main(["run", "--until", "everything"]) == 2
 

@@ -18,11 +18,11 @@ from gptcore.config import (
     TokenizerConfig,
     load_profile,
 )
-from gptcore.corpus import load_corpus
-from gptcore.model import GPT
-from gptcore.model_files import model_files_in, read_model_files, write_model_files
-from gptcore.quantization import METHODS, quantized, weight_bytes
-from gptcore.tokenfile import open_tokens
+from gptcore.data.corpus import load_corpus
+from gptcore.data.tokenfile import open_tokens
+from gptcore.export.model_files import model_files_in, read_model_files, write_model_files
+from gptcore.model.gpt import GPT
+from gptcore.model.quantization import METHODS, quantized, weight_bytes
 
 pytest.importorskip("torchao", reason="the quant extra (pip install -e '.[quant]') is not installed")
 
@@ -33,8 +33,8 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 @pytest.fixture(scope="module")
 def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tokenizer and the test token file of real text (two standard-library packages' sources)."""
-    from gptcore.token_build import build_token_files
-    from gptcore.tokenizer_training import train_tokenizer
+    from gptcore.data.build import build_token_files
+    from gptcore.data.tokenizer import train_tokenizer
 
     folder = tmp_path_factory.mktemp("quant")
     paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
@@ -85,8 +85,8 @@ def test_int8_keeps_the_tied_head_in_floating_point_and_shrinks_gpt_42m_below_04
 
 
 def test_the_tradeoff_table_measures_every_method_against_fp32(text, tmp_path: Path) -> None:
-    from gptcore.quant_tradeoff import measure_tradeoff, tradeoff_markdown
-    from gptcore.quantization import cpu_features
+    from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown
+    from gptcore.model.quantization import cpu_features
 
     tokenizer, test = text
     settings = QuantizeConfig(methods=["int8-weight-only", "bf16"], new_tokens=6, repeats=1)
@@ -114,7 +114,7 @@ def test_the_tradeoff_table_measures_every_method_against_fp32(text, tmp_path: P
 def test_a_method_that_cannot_run_here_is_a_skipped_row_not_a_failure(
     text, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gptcore.quant_tradeoff as tradeoff
+    import gptcore.eval.quant_tradeoff as tradeoff
 
     tokenizer, test = text
     real = tradeoff.unavailable

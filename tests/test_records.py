@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from gptcore.callbacks import TrainingCallback
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
-from gptcore.records import (
+from gptcore.data.synthetic import synthetic_stream
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import (
     END_METRICS,
     METRIC,
     PARAM,
@@ -16,8 +17,7 @@ from gptcore.records import (
     StepRecord,
     SummaryRecord,
 )
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, train
+from gptcore.train.trainer import TrainJob, train
 
 
 class Lines(TrainingCallback):

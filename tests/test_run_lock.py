@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from gptcore.checkpoint.lock import LOCK_NAME, RunLock, read_holder
 from gptcore.errors import CheckpointError
-from gptcore.run_lock import LOCK_NAME, RunLock, read_holder
 
 ROOT = Path(__file__).resolve().parent.parent
 
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from gptcore.run_lock import RunLock
+    from gptcore.checkpoint.lock import RunLock
     lock = RunLock(sys.argv[1]).acquire()
     print("held", flush=True)
     time.sleep(60)
@@ -73,7 +73,7 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_warning(
     os.kill(holder.pid, signal.SIGKILL)  # no chance to release: the record stays in the file
     holder.wait()
     assert read_holder(tmp_path)["pid"] == holder.pid
-    with caplog.at_level(logging.WARNING, logger="gptcore.run_lock"), RunLock(tmp_path) as lock:
+    with caplog.at_level(logging.WARNING, logger="gptcore.checkpoint.lock"), RunLock(tmp_path) as lock:
         assert lock.took_over is not None and lock.took_over["pid"] == holder.pid
         assert read_holder(tmp_path)["pid"] == os.getpid()
     warning = caplog.records[-1].getMessage()
@@ -101,8 +101,8 @@ def test_a_directory_that_cannot_be_created_is_a_one_line_error(tmp_path: Path) 
 
 def test_training_holds_the_lock_and_a_second_trainer_on_the_directory_is_refused(tmp_path: Path) -> None:
     from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
-    from gptcore.synthetic import synthetic_stream
-    from gptcore.trainer import TrainJob, train
+    from gptcore.data.synthetic import synthetic_stream
+    from gptcore.train.trainer import TrainJob, train
 
     job = TrainJob(
         model=ModelConfig(n_layer=1, n_head=1, n_embd=16, block_size=8, vocab_size=300),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptcore import runtime as rt
 from gptcore.config import DeviceDefaults, RuntimeConfig, load_profile
 from gptcore.errors import DeviceError
+from gptcore.runtime import device as rt
 
 PROFILE = load_profile("gpt_first_cpu")
 

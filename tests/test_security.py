@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptcore import checkpoint as ckpt
+from gptcore.checkpoint import files as ckpt
 from gptcore.config import ParamsLoader, load_params
 from gptcore.errors import CheckpointError, ConfigError
 
@@ -71,7 +71,7 @@ def test_no_server_binds_every_interface_by_default() -> None:
 def test_the_mlflow_ui_command_binds_loopback_unless_asked() -> None:
     import inspect
 
-    from flows.cli_tracking import server_command
+    from flows.cli.tracking import server_command
 
     assert inspect.signature(server_command).parameters["host"].default == "127.0.0.1"
 

@@ -81,7 +81,7 @@ def start_ui(tmp_path: Path, port: int, mark: str, *options: str) -> subprocess.
     command = [
         sys.executable,
         "-m",
-        "flows.cli",
+        "flows.cli.main",
         "ui",
         "--params",
         str(params),

@@ -10,13 +10,13 @@ import pytest
 from test_trainer import TRAIN, VALIDATION, Recorder
 
 from gptcore.config import CorpusConfig, OptimizerConfig, PipelineParams, load_params
-from gptcore.corpus import load_corpus
+from gptcore.data.build import build_token_files
+from gptcore.data.corpus import load_corpus
+from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import TrainingError
-from gptcore.schedule import WarmupCosine
-from gptcore.token_build import build_token_files
-from gptcore.tokenizer_training import train_tokenizer
-from gptcore.trainer import TrainJob, train
-from tasks.smoke_gate import judge
+from gptcore.train.schedule import WarmupCosine
+from gptcore.train.trainer import TrainJob, train
+from tasks.stages.smoke_gate import judge
 
 REPO = Path(__file__).resolve().parent.parent
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

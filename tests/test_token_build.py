@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, normalizers
 
-from gptcore import token_build
-from gptcore.atomic_write import write_atomic
 from gptcore.config import CorpusConfig, TokenizerConfig
-from gptcore.corpus import Corpus, load_corpus
+from gptcore.data import build as token_build
+from gptcore.data.build import build_token_files, read_token_folder_manifest, token_files_fingerprint
+from gptcore.data.corpus import Corpus, load_corpus
+from gptcore.data.encoders import HFEncoder, TiktokenEncoder, make_encoder, why_not_tiktoken
+from gptcore.data.tokenfile import check_vocabulary, open_tokens
+from gptcore.data.tokenizer import TokenizerManifest, train_tokenizer
 from gptcore.errors import ConfigError, DataError, DiskFullError
-from gptcore.fast_encode import HFEncoder, TiktokenEncoder, make_encoder, why_not_tiktoken
-from gptcore.fingerprint import sha256_file
-from gptcore.token_build import build_token_files, read_token_folder_manifest, token_files_fingerprint
-from gptcore.tokenfile import check_vocabulary, open_tokens
-from gptcore.tokenizer_training import TokenizerManifest, train_tokenizer
+from gptcore.tools.atomic import write_atomic
+from gptcore.tools.fingerprint import sha256_file
 from tests.disk_full_support import half_then_full, leftovers, open_filling, snapshot
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -171,7 +171,7 @@ def test_a_full_disk_names_the_folder_and_the_bytes_and_keeps_the_earlier_build(
     folder = Path(earlier.train.path).parent
     before = snapshot(folder)
     if point == "manifest":
-        from gptcore import tokenfile
+        from gptcore.data import tokenfile
 
         monkeypatch.setattr(
             tokenfile, "write_text_atomic", lambda target, text: write_atomic(target, half_then_full)

@@ -11,10 +11,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from gptcore.config import CorpusConfig, TokenizerConfig
-from gptcore.corpus import Corpus, SplitStats, load_corpus
+from gptcore.data.corpus import Corpus, SplitStats, load_corpus
+from gptcore.data.tokenizer import read_tokenizer_manifest, tokenizer_fingerprint, train_tokenizer
 from gptcore.errors import ConfigError, DataError
-from gptcore.fingerprint import sha256_file
-from gptcore.tokenizer_training import read_tokenizer_manifest, tokenizer_fingerprint, train_tokenizer
+from gptcore.tools.fingerprint import sha256_file
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = TokenizerConfig(vocab_size=400, min_frequency=2)

@@ -13,11 +13,11 @@ import pytest
 from tracking_support import fresh_store, three_step_job
 
 from gptcore.config import TrackingConfig
-from gptcore.records import END_METRICS, STEP_METRICS
-from tasks.stage_results import StageResult
+from gptcore.train.records import END_METRICS, STEP_METRICS
+from tasks.results import StageResult
 from tasks.tracking import PipelineRecorder, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.callback import MLflowCallback
-from tasks.tracking.outbox import Outbox
+from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.store import TrackingError, connect, environment_tags, redact, resolve_target
 
 STARTUP = {
@@ -229,8 +229,8 @@ def test_a_training_run_declares_its_token_files_as_datasets_from_their_manifest
 ) -> None:
     import numpy as np
 
-    from gptcore.fingerprint import sha256_file
-    from gptcore.tokenfile import TokenFileManifest, write_manifest
+    from gptcore.data.tokenfile import TokenFileManifest, write_manifest
+    from gptcore.tools.fingerprint import sha256_file
 
     train_file, bare = tmp_path / "train.bin", tmp_path / "validation.bin"
     for path in (train_file, bare):
@@ -423,7 +423,7 @@ def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_poi
 
 
 def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) -> None:
-    from gptcore.trainer import train
+    from gptcore.train.trainer import train
 
     params, path = pipeline_params(tmp_path)
     recorder = PipelineRecorder.start(params, path)
@@ -440,7 +440,7 @@ def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) ->
     assert run.data.tags["mlflow.parentRunId"] == recorder.parent_run_id
     assert [s for s, _ in history(recorder.session, run_id, "train_loss")] == [1, 2, 3]
     assert {"val_loss", "unigram_val_loss", "elapsed_seconds", "tokens_per_second"} <= set(run.data.metrics)
-    from gptcore.checkpoint import checkpoint_metadata
+    from gptcore.checkpoint.files import checkpoint_metadata
 
     assert checkpoint_metadata(tmp_path / "ckpt" / "final.pt")["metadata"]["mlflow_run_id"] == run_id
 
@@ -475,8 +475,8 @@ def train_args(params_file: Path, directory: Path, *extra: str) -> list[str]:
 def test_gptpipe_train_records_its_run_and_a_resume_continues_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from flows.cli import main
-    from gptcore.checkpoint import checkpoint_metadata
+    from flows.cli.main import main
+    from gptcore.checkpoint.files import checkpoint_metadata
 
     params, path = pipeline_params(tmp_path)
     directory = tmp_path / "run"
@@ -496,7 +496,7 @@ def test_gptpipe_train_records_its_run_and_a_resume_continues_it(
 def test_gptpipe_train_stops_before_training_when_the_tracking_server_is_unreachable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
 
     _, path = pipeline_params(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # discard port: nothing answers

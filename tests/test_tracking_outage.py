@@ -22,10 +22,10 @@ from process_support import free_port, stop_process_group
 from test_mlflow_browser import wait_healthy
 from tracking_support import Waits, fresh_store, three_step_job
 
-from flows.cli_tracking import server_command, server_environment
-from gptcore.callbacks import CallbackList, TrainingCallback
+from flows.cli.tracking import server_command, server_environment
 from gptcore.config import TrackingConfig
-from gptcore.trainer import train
+from gptcore.train.callbacks import CallbackList, TrainingCallback
+from gptcore.train.trainer import train
 from tasks.tracking import TrackingSession, training_metadata
 from tasks.tracking.store import resolve_target
 
@@ -120,7 +120,7 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
     params_path.write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     command = [
-        sys.executable, "-m", "flows.cli", "train", "--params", str(params_path), "--device", "cpu",
+        sys.executable, "-m", "flows.cli.main", "train", "--params", str(params_path), "--device", "cpu",
         "--precision", "fp32", "--synthetic", "--checkpoint-directory", str(tmp_path / "ckpt"),
         "--max-steps", "100", "--log-every", "1", "--eval-every", "50",
     ]  # fmt: skip
@@ -145,7 +145,7 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
 
     server.start()  # the same port, the same store
     replay = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "tracking", "replay", str(outbox)],
+        [sys.executable, "-m", "flows.cli.main", "tracking", "replay", str(outbox)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert replay.returncode == 0, replay.stderr

@@ -11,10 +11,10 @@ import pytest
 from tracking_support import Waits, fresh_store, three_step_job
 
 from gptcore.config import TrackingConfig
-from gptcore.trainer import train
+from gptcore.train.trainer import train
 from tasks.tracking import MLflowCallback, RunWriter, TrackingSession, training_metadata
-from tasks.tracking.operations import PARAM_VALUE_LIMIT
-from tasks.tracking.outbox import Outbox
+from tasks.tracking.delivery.operations import PARAM_VALUE_LIMIT
+from tasks.tracking.delivery.outbox import Outbox
 
 
 @pytest.fixture

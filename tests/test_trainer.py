@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import torch
 
-from gptcore.callbacks import TrainingCallback
-from gptcore.checkpoint import load_checkpoint
+from gptcore.checkpoint.files import load_checkpoint
 from gptcore.config import DeviceDefaults, ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
+from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import CheckpointError, ConfigError, TrainingError
-from gptcore.model import GPT
-from gptcore.runtime import resolve_runtime
-from gptcore.synthetic import synthetic_stream
-from gptcore.trainer import TrainJob, accumulate_gradients, train
+from gptcore.model.gpt import GPT
+from gptcore.runtime.device import resolve_runtime
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.trainer import TrainJob, accumulate_gradients, train
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 TRAIN = synthetic_stream(300, 17 * 400, seed=1)
@@ -209,7 +209,7 @@ ALLOCATION_FAILURES = [
 def test_out_of_memory_stops_with_the_response_and_keeps_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
 ) -> None:
-    from gptcore import model as model_module
+    from gptcore.model import gpt as model_module
 
     real_forward = model_module.GPT.forward
     calls = {"n": 0}
@@ -242,6 +242,6 @@ def test_periodic_best_and_final_checkpoints_are_reported(tmp_path: Path) -> Non
     assert (
         summary["final_checkpoint"] == str(tmp_path / "final.pt") and summary["checkpoint_save_seconds"] > 0
     )
-    from gptcore.checkpoint import checkpoint_metadata
+    from gptcore.checkpoint.files import checkpoint_metadata
 
     assert checkpoint_metadata(tmp_path / "final.pt")["metadata"]["mlflow_run_id"] == "abc"

@@ -36,8 +36,8 @@ def fresh_store(folder: Path) -> str:
 def three_step_job(checkpoint_directory: Path, metadata: dict) -> object:
     """A TrainJob of three steps of a one-layer model on a synthetic stream, checkpointing at the end."""
     from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrainingConfig
-    from gptcore.synthetic import synthetic_stream
-    from gptcore.trainer import TrainJob
+    from gptcore.data.synthetic import synthetic_stream
+    from gptcore.train.trainer import TrainJob
 
     return TrainJob(
         model=ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=300),
@@ -65,10 +65,10 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
         TrackingConfig,
         TrainingConfig,
     )
-    from gptcore.corpus import load_corpus
-    from gptcore.token_build import build_token_files
-    from gptcore.tokenizer_training import train_tokenizer
-    from gptcore.trainer import TrainJob, train
+    from gptcore.data.build import build_token_files
+    from gptcore.data.corpus import load_corpus
+    from gptcore.data.tokenizer import train_tokenizer
+    from gptcore.train.trainer import TrainJob, train
     from tasks.tracking import TrackingSession, training_metadata
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -111,7 +111,7 @@ class Waits:
     speed (a wait that ran out its bound says so in the report's `last_error`: "did not answer within")."""
 
     def __init__(self, monkeypatch: Any, when: Any = lambda: None) -> None:
-        from tasks.tracking.writer import RunWriter
+        from tasks.tracking.delivery.writer import RunWriter
 
         self.waited: list[tuple[str, str, Any]] = []
         original = RunWriter._await

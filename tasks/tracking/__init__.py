@@ -6,10 +6,10 @@ Run ids are passed explicitly everywhere: nothing uses MLflow's thread-local act
 """
 
 from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
+from tasks.tracking.delivery.writer import RunWriter, WriterReport
 from tasks.tracking.recorder import PipelineRecorder
 from tasks.tracking.session import TrackingSession, open_training_run, training_metadata
 from tasks.tracking.store import TrackingError, TrackingTarget, resolve_target
-from tasks.tracking.writer import RunWriter, WriterReport
 
 __all__ = [
     "RUN_ID_KEY",

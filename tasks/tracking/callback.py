@@ -1,6 +1,7 @@
 """The MLflow side of a training run: a `TrainingCallback` that records it under the run-record names.
 
-Every call goes through a `RunWriter` (`tasks.tracking.writer`), so a training step never waits on the
+Every call goes through a `RunWriter` (`tasks.tracking.delivery.writer`), so a training step never waits on
+the
 store, and a store that goes away costs the training nothing: records wait (in memory, then in an
 outbox file) and reach the store in order when it returns, or stay in the outbox for
 `gptpipe tracking replay` when it never does. A run whose creation falls in an outage is created when
@@ -19,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptcore.callbacks import TrainingCallback
-from gptcore.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 from tasks.tracking.datasets import token_file_inputs
+from tasks.tracking.delivery.writer import RunWriter
 from tasks.tracking.store import redact
-from tasks.tracking.writer import RunWriter
 
 RUN_ID_KEY = "mlflow_run_id"
 
@@ -99,7 +100,7 @@ class MLflowCallback(TrainingCallback):
         """The run a resumed checkpoint was recorded in, when that run is in this store."""
         if not resumed_from:
             return None
-        from gptcore.checkpoint import checkpoint_metadata
+        from gptcore.checkpoint.files import checkpoint_metadata
 
         try:
             prior = checkpoint_metadata(Path(resumed_from)).get("metadata", {}).get(RUN_ID_KEY)

@@ -21,7 +21,7 @@ def token_file_inputs(files: dict[str, Any]) -> list[Any]:
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    from gptcore.tokenfile import read_manifest
+    from gptcore.data.tokenfile import read_manifest
 
     inputs = []
     for split, path in files.items():

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptcore.fingerprint import sha256_file
-from gptcore.records import finite_metrics, profile_params
+from gptcore.tools.fingerprint import sha256_file
+from gptcore.train.records import finite_metrics, profile_params
 from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
 from tasks.tracking.datasets import token_file_inputs
+from tasks.tracking.delivery.writer import RunWriter
 from tasks.tracking.session import TrackingSession
 from tasks.tracking.store import TrackingError, environment_tags, git_commit, redact
-from tasks.tracking.writer import RunWriter
 
 TRAINING_STAGES = ("smoke", "full")
 _FILES_KEY = "files"  # a stage manifest's {path: sha256} of its outputs (tasks.caching.FILES_KEY)
@@ -151,8 +151,8 @@ class PipelineRecorder:
 
     def register_evaluated(self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float) -> Any:
         """The evaluated checkpoint registered as a version of `name`, champion or challenger
-        (`tasks.tracking.registry`); None when the store did not answer."""
-        from tasks.tracking.registry import register
+        (`tasks.tracking.models.registry`); None when the store did not answer."""
+        from tasks.tracking.models.registry import register
 
         run_id = self._created_run("evaluate")
         if run_id is None:
@@ -167,7 +167,7 @@ class PipelineRecorder:
     ) -> dict[str, Any]:
         """The quantize stage's table and models in MLflow (`quantized.record_tradeoff`, each step through
         the writer): the registration of each quantized method (None where the store did not answer)."""
-        from tasks.tracking.quantized import record_tradeoff
+        from tasks.tracking.models.quantized import record_tradeoff
 
         if (stage_run := self.stage_run("quantize")) is not None:
             machine = {f"machine.{key}": value for key, value in result.machine.items()}

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.tracking.callback import MLflowCallback
+from tasks.tracking.delivery.writer import OUTBOX_DIRECTORY
 from tasks.tracking.store import TrackingTarget, connect, ensure_experiment, resolve_target
-from tasks.tracking.writer import OUTBOX_DIRECTORY
 
 
 @dataclass
@@ -70,7 +70,7 @@ def training_metadata(callbacks: list[Any]) -> dict[str, Any]:
 def open_training_run(callbacks: list[Any], resumed_from: Path | None = None) -> None:
     """Open the MLflow run of the callbacks' MLflowCallback now (continuing the run of the checkpoint a
     resume starts from), before a launch, so the run id is in the job every rank saves checkpoints with."""
-    from gptcore.checkpoint import latest_checkpoint
+    from gptcore.checkpoint.files import latest_checkpoint
 
     for callback in callbacks:
         if isinstance(callback, MLflowCallback):

@@ -12,7 +12,7 @@ from typing import Any
 
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-from tasks.tracking.writer import RunWriter
+from tasks.tracking.delivery.writer import RunWriter
 
 
 class WriterSystemMetrics(SystemMetricsMonitor):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from gptcore.tokenfile import TokenFileManifest, manifest_path
+from gptcore.data.tokenfile import TokenFileManifest, manifest_path
 
 from .support import ROOT, Case
 

@@ -58,7 +58,7 @@ def run_case(case: Case, directory: Path) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *case.argv],
+        [sys.executable, "-m", "flows.cli.main", *case.argv],
         cwd=directory,
         capture_output=True,
         text=True,

@@ -1,0 +1,77 @@
+"""What several `gptpipe` commands take the same way: the parameter file and choices from the config's types.
+
+Importing this is cheap (no torch, no pydantic): `gptpipe --help` and bad flags answer at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import shutil
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any
+
+from gptcore.errors import ConfigError
+
+
+def params_path(params_file: Path | None, iteration: int | None) -> Path:
+    """`--params FILE` or `--iteration N` (params/iteration_N.yaml); neither: iteration 1's."""
+    from gptcore.config import iteration_file
+
+    if params_file is not None and iteration is not None:
+        raise ConfigError("--params and --iteration name the parameters twice; give one of them")
+    return params_file if params_file is not None else iteration_file(iteration or 1)
+
+
+def resolve_params(params_file: Path | None, iteration: int | None, overrides: list[str]) -> tuple[Path, Any]:
+    """The parameter file and its validated parameters, `--set` overrides applied. A file that can be
+    read only once (a pipe: `--params <(...)`) is read into a regular copy the stages read after."""
+    from gptcore.config import load_params
+
+    path = regular_copy(params_path(params_file, iteration))
+    return path, load_params(path, overrides)
+
+
+def regular_copy(path: Path) -> Path:
+    """`path` itself when it is a regular file (or missing: the loader says so); else its content, read
+    once, as `params-<sha256 prefix>.yaml` in a folder removed when this process exits."""
+    if not path.exists() or path.is_file() or path.is_dir():
+        return path
+    try:
+        content = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: the parameter file cannot be read ({error.strerror or error})") from None
+    folder = Path(tempfile.mkdtemp(prefix="gptpipe-params-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    copy = folder / f"params-{hashlib.sha256(content).hexdigest()[:12]}.yaml"
+    copy.write_bytes(content)
+    return copy
+
+
+def choice(flag: str, value: str, allowed: Any) -> str:
+    """`value` when it is one of `allowed` (a tuple, or a `Literal` type of the config), else a one-line
+    error naming the flag, the value and what is allowed."""
+    options = typing.get_args(allowed) or tuple(allowed)
+    if value not in options:
+        raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(options)}")
+    return value
+
+
+def batch_size_value(text: str | None) -> int | str | None:
+    """`--batch-size`: a whole number of at least 1, or `auto` (the largest that fits)."""
+    if text is None or text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--batch-size {text!r}: expected a whole number of at least 1, or auto")
+    return int(text)
+
+
+def json_lines_only(asked: bool) -> None:
+    """`--json`: no progress bar, JSON lines alone, also on a terminal (for this process and its children)."""
+    if asked:
+        from gptcore.train.progress_bar import JSON_ONLY
+
+        os.environ[JSON_ONLY] = "1"

@@ -1,0 +1,90 @@
+"""`gptpipe run`: the end-to-end pipeline for one parameter file (iteration 1 without arguments)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from flows.cli.options import choice, json_lines_only, resolve_params
+from gptcore.config import STAGES
+
+
+def run(
+    params: Path | None = typer.Option(None, "--params", help="parameter file (default: iteration 1's)"),
+    iteration: int | None = typer.Option(None, "--iteration", help="use params/iteration_N.yaml"),
+    overrides: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value"),
+    until: str = typer.Option(STAGES[-1], "--until", help=f"last stage to run: {', '.join(STAGES)}"),
+    trial: str | None = typer.Option(None, "--trial", hidden=True, help="a sweep's trial, as JSON"),
+    json_only: bool = typer.Option(False, "--json", help="no progress bar, also on a terminal"),
+) -> None:
+    """Run tokenizer → tokens → device → smoke → full → evaluate → export → quantize, taking unchanged
+    stages from the cache."""
+    choice("--until", until, STAGES)
+    json_lines_only(json_only)
+    params_path, checked = resolve_params(params, iteration, overrides)  # checked before anything starts
+
+    _start_prefect(checked)
+    from flows.pipeline import end_to_end
+
+    as_trial = json.loads(trial) if trial else None  # `gptpipe sweep` runs each trial as `gptpipe run`
+    end_to_end(params_path=str(params_path), overrides=list(overrides), until=until, trial=as_trial)
+
+
+def sweep_command(
+    params: Path | None = typer.Option(None, "--params", help="parameter file (default: iteration 1's)"),
+    iteration: int | None = typer.Option(None, "--iteration", help="use params/iteration_N.yaml"),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="override a parameter in every trial: key.path=value"
+    ),
+    grid: list[str] = typer.Option(
+        [], "--grid", help="a swept key: key.path=a,b,c (every combination) or key.path=low..high (--random)"
+    ),
+    random: int | None = typer.Option(
+        None, "--random", min=1, help="N random combinations instead of the grid"
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="the random combinations' seed"),
+    parallel: int | None = typer.Option(None, "--parallel", min=1, help="trials at once (default: devices)"),
+    work_pool: str | None = typer.Option(
+        None, "--work-pool", help="run each trial as a deployment run on this Prefect work pool"
+    ),
+) -> None:
+    """Sweep: the data stages once, then smoke + full + evaluate per trial (a grid over any keys --set
+    takes, or --random N), each a child run of one MLflow sweep run; prints the trials' table."""
+    from gptcore.sweep import expand, parse_grid, validate_trials
+
+    params_path, checked = resolve_params(params, iteration, overrides)
+    swept = parse_grid(grid) if grid else None
+    update = {"grid": swept, "random": random, "seed": seed}
+    settings = checked.sweep.model_copy(
+        update={key: value for key, value in update.items() if value is not None}
+    )
+    validate_trials(params_path, list(overrides), expand(settings))  # every trial, before anything starts
+    _start_prefect(checked)
+    from flows.sweep import sweep
+
+    summary = sweep(str(params_path), list(overrides), swept, random, seed, parallel, work_pool)
+    print(json.dumps(summary, default=str), flush=True)
+    if summary.get("failed"):
+        raise typer.Exit(1)
+
+
+def _start_prefect(checked: object) -> None:
+    """Prefect's project settings and a temporary server (unless one is configured), started while the
+    imports every run needs load and the MLflow store is opened and checked."""
+    from flows.gc_tuning import bulk_imports
+    from flows.prefect_env import TemporaryServer, apply_project_settings
+
+    apply_project_settings()
+    server = TemporaryServer()
+    server.start()
+    with bulk_imports():
+        import prefect.flow_engine  # noqa: F401  (otherwise imported when the flow starts)
+
+        import flows.pipeline  # noqa: F401
+        from gptcore.runtime import device as runtime  # noqa: F401  (torch)
+        from tasks.tracking import TrackingSession
+
+        TrackingSession.open(checked.tracking)  # checked now; the flow's own open reuses MLflow's store
+    server.wait()

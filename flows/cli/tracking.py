@@ -1,0 +1,224 @@
+"""`gptpipe ui` (the MLflow UI over the tracking store) and `gptpipe compare` (the bounded comparison)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flows.cli.options import choice, resolve_params
+from gptcore.config import ConcretePrecision
+from gptcore.errors import ConfigError
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
+def server_environment(jobs: bool = False) -> dict[str, str]:
+    """The MLflow server's environment. Its job runner (eight more processes that run MLflow's GenAI jobs:
+    LLM judges, prompt optimization) serves nothing gptpipe records and slows the start-up (11.7 s
+    against 7.3 s to answer on 2 cores): off unless asked for (`--jobs`) or set in the environment."""
+    env = dict(os.environ)
+    if jobs:
+        env[JOB_EXECUTION] = "true"
+    env.setdefault(JOB_EXECUTION, "false")
+    return env
+
+
+def server_command(target: Any, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
+    """`mlflow server` over a local store: its database, and artifacts served from the store's root."""
+    artifacts = target.artifact_location or Path("mlruns/artifacts").resolve().as_uri()
+    return [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", target.uri,
+        "--default-artifact-root", artifacts,
+        "--host", host, "--port", str(port),
+        "--workers", "1",
+    ]  # fmt: skip
+
+
+def ui_command(
+    params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind; loopback unless you ask"),
+    port: int = typer.Option(5000, "--port", min=1, max=65535),
+    jobs: bool = typer.Option(False, "--jobs", help="also start MLflow's job runner (its GenAI jobs)"),
+) -> None:
+    """Start the MLflow UI (`mlflow server`) over the tracking store and print its URL."""
+    from tasks.tracking.store import redact, resolve_target
+
+    _, params = resolve_params(params_file, iteration, [])
+    target = resolve_target(params.tracking)
+    if not target.is_local:
+        print(f"the tracking store is a server already: open {redact(target.uri)}")
+        return
+    if not is_loopback(host):
+        print(f"warning: --host {host}: the MLflow UI will be reachable from other machines", file=sys.stderr)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"MLflow UI: http://{shown}:{port}  (store {target.uri}; Ctrl-C stops it)", flush=True)
+    from gptcore.tools.processes import run_process_tree
+
+    try:  # Ctrl-C and SIGTERM stop the server and its workers, the whole tree
+        command = server_command(target, host, port)
+        code = run_process_tree(command, lambda line: print(line, flush=True), env=server_environment(jobs))
+    except KeyboardInterrupt:
+        return
+    if code not in (0, -2, -15, 130, 143):
+        raise ConfigError(f"mlflow server exited with status {code} (is port {port} in use? try --port)")
+
+
+def compare_command(
+    params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+    set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value"),
+    axis: str = typer.Option(
+        "auto", "--axis", help="auto (CPU vs CUDA, else precision), device, precision, batch_size"
+    ),
+    values: str | None = typer.Option(None, "--values", help="the two values compared, comma-separated"),
+    max_steps: int = typer.Option(10, "--max-steps", min=1),
+    training_examples: int = typer.Option(64, "--training-examples", min=1),
+    validation_examples: int = typer.Option(16, "--validation-examples", min=1),
+    batch_size: int | None = typer.Option(None, "--batch-size", min=1),
+    precision: str | None = typer.Option(None, "--precision", help="fp32, bf16 or fp16 (both sides)"),
+    train_tokens: Path | None = typer.Option(None, "--train-tokens", help="default: a synthetic stream"),
+    validation_tokens: Path | None = typer.Option(None, "--validation-tokens"),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer"),
+    runs: str | None = typer.Option(
+        None, "--runs", help="compare two recorded runs: RUN_A,RUN_B (no training)"
+    ),
+    no_track: bool = typer.Option(
+        False, "--no-track", help="train and compare in this process: no MLflow record, no Prefect flow"
+    ),
+) -> None:
+    """Two bounded training runs that differ in one axis, recorded in MLflow; prints the comparison."""
+    path, params = resolve_params(params_file, iteration, list(set_))
+    chosen = [v.strip() for v in values.split(",")] if values else None
+    if precision is not None:
+        choice("--precision", precision, ConcretePrecision)
+    if train_tokens is not None and not train_tokens.is_file():
+        raise ConfigError(f"--train-tokens {train_tokens}: file not found")
+    from gptcore.eval.comparison import AXES, Limits
+
+    choice("--axis", axis, ("auto", *AXES))
+    if runs is not None and no_track:
+        raise ConfigError("--runs reads recorded runs from MLflow; --no-track records none: give one of them")
+    limits = Limits(max_steps, training_examples, validation_examples)
+    sources = (train_tokens, validation_tokens, tokenizer)
+    if runs is not None:
+        _compare_recorded(params, runs, axis)
+    elif no_track:
+        _compare_in_memory(params, axis, chosen, limits, batch_size, precision, sources)
+    else:
+        _compare_in_a_flow(path, list(set_), axis, chosen, limits, batch_size, precision, sources)
+
+
+def _compare_recorded(params: Any, runs: str, axis: str) -> None:
+    """Two runs already in MLflow, compared without training."""
+    from flows.compare import compare_runs
+    from gptcore.eval.comparison import print_comparison
+    from tasks.tracking import TrackingSession
+
+    ids = [r.strip() for r in runs.split(",") if r.strip()]
+    if len(ids) != 2:
+        raise ConfigError(f"--runs {runs!r}: expected two run ids, comma-separated")
+    if axis == "auto":
+        raise ConfigError("--runs: name the compared --axis (device, precision or batch_size)")
+    print_comparison(compare_runs(TrackingSession.open(params.tracking), ids, axis))
+
+
+def _compare_in_memory(
+    params: Any, axis: str, chosen: list[str] | None, limits: Any, batch_size: int | None,
+    precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
+) -> None:  # fmt: skip
+    """Both sides trained in this process; nothing recorded (`--no-track`)."""
+    import torch
+
+    from gptcore.eval.comparison import compare_in_memory, plan_comparison, print_comparison
+
+    plan = plan_comparison(
+        params, axis, chosen, limits, torch.cuda.is_available(), batch_size, precision, *sources
+    )
+    print_comparison(compare_in_memory(params, plan, sources[2]))
+
+
+def _compare_in_a_flow(
+    path: Path, overrides: list[str], axis: str, chosen: list[str] | None, limits: Any,
+    batch_size: int | None, precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
+) -> None:  # fmt: skip
+    """Both sides trained by the `compare` flow, recorded in MLflow."""
+    from flows.prefect_env import TemporaryServer, apply_project_settings
+
+    apply_project_settings()
+    server = TemporaryServer()
+    server.start()
+    from flows.compare import compare
+
+    server.wait()
+    train_tokens, validation_tokens, tokenizer = (str(source) if source else None for source in sources)
+    compare(
+        params_path=str(path),
+        overrides=overrides,
+        axis=axis,
+        values=chosen,
+        max_steps=limits.max_steps,
+        training_examples=limits.training_examples,
+        validation_examples=limits.validation_examples,
+        batch_size=batch_size,
+        precision=precision,
+        train_tokens=train_tokens,
+        validation_tokens=validation_tokens,
+        tokenizer=tokenizer,
+    )
+
+
+def replay_command(
+    outbox: Path = typer.Argument(..., help="an outbox file, as a run's warning named it"),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="the store to send to (default: MLFLOW_TRACKING_URI, else the outbox's)"
+    ),
+) -> None:
+    """Send the tracking records a run left in an outbox (its store was away) to the store, in order."""
+    import os
+
+    from tasks.tracking.delivery.outbox import Outbox
+    from tasks.tracking.delivery.writer import RunWriter
+    from tasks.tracking.store import TrackingError, connect, redact, resolve_target
+
+    if not outbox.exists():
+        raise ConfigError(f"{outbox}: not found (an outbox file, as a run's warning named it)")
+    if outbox.is_dir():
+        raise ConfigError(f"{outbox}: is a folder; pass one outbox file (*.jsonl) in it")
+    box = Outbox.open(outbox)
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or box.tracking_uri
+    if not uri or "***" in uri:
+        raise ConfigError(f"{outbox}: its store is not recorded in full; pass --tracking-uri")
+    os.environ["MLFLOW_TRACKING_URI"] = uri  # resolve_target's first choice: this store, nothing else
+    target = resolve_target()
+    report = RunWriter.replay(connect(target), box, name="mlflow-replay")
+    shown = redact(target.uri)
+    skipped = f"; {report.skipped_records} skipped ({report.last_error})" if report.skipped_records else ""
+    print(f"sent {report.delivered_late} records ({report.sent_metrics} metric values) to {shown}{skipped}")
+    if report.given_up_calls or report.dropped_metrics:
+        print(
+            f"warning: the store refused {report.given_up_calls} records and {report.dropped_metrics} metric "
+            f"values ({report.last_error})",
+            file=sys.stderr,
+        )
+    if report.waiting_records:
+        raise TrackingError(
+            f"{outbox}: {report.waiting_records} records still wait ({report.last_error}); run this again "
+            "once the store answers"
+        )

@@ -1,0 +1,314 @@
+"""`gptpipe device`, `gptpipe train`, `gptpipe generate`: the training engine from the command line.
+
+Flags map onto parameter-file keys (`--batch-size` is `runtime.batch_size`, `--max-steps` is
+`<stage>.max_steps`), applied like `--set` overrides so one validation covers both. Torch is imported
+inside the commands only. Progress comes out as JSON lines on stdout (see `gptcore.train.json_lines`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from flows.cli.options import batch_size_value, choice, json_lines_only, resolve_params
+from flows.train_launch import launch_spec, nproc_value
+from gptcore.config import Device, Precision, TrainingStage
+from gptcore.errors import ConfigError
+
+
+def device_command(
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or mps"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object instead of a table"),
+) -> None:
+    """Verify the environment: torch, CUDA, the device a run takes, bf16, TF32, fused AdamW."""
+    from gptcore.runtime.device import device_report
+
+    report = device_report(choice("--device", device, Device))
+    if as_json:
+        print(json.dumps(report))
+        return
+    for key, value in report.items():
+        print(f"{key:24} {value}")
+
+
+def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
+    """Command-line flags as `key.path=value` overrides of the parameter file."""
+    runtime_keys = {
+        "device": "device",
+        "precision": "precision",
+        "batch_size": "batch_size",
+        "grad_accum": "grad_accum_steps",
+        "effective_batch_size": "effective_batch_size",
+        "activation_checkpointing": "activation_checkpointing",
+        "workers": "workers",
+        "compile": "compile",
+        "nproc": "nproc",
+    }
+    overrides = []
+    for flag, value in flags.items():
+        if value is None or value is False:
+            continue
+        section = f"runtime.{runtime_keys[flag]}" if flag in runtime_keys else f"{stage}.{flag}"
+        overrides.append(f"{section}={json.dumps(value)}")
+    return overrides
+
+
+def training_callbacks(
+    params: Any,
+    stage: str,
+    track: bool = False,
+    params_file: Path | None = None,
+    job_fields: dict[str, Any] | None = None,
+) -> list[Any]:
+    """The callbacks `gptpipe train` runs with: JSON lines (a progress bar and the summary line alone for a
+    person at a terminal: `gptpipe.progress_bar`), and with `track` the MLflow run (the store is
+    checked here, so an unreachable tracking server stops the command before any training), which
+    declares the job's token files as its datasets."""
+    from gptcore.train.json_lines import JsonLinesCallback
+    from gptcore.train.progress_bar import ProgressBar, wants_progress_bar
+
+    callbacks: list[Any] = (
+        [ProgressBar(stage), JsonLinesCallback(events=("summary", "failure"))]
+        if wants_progress_bar()
+        else [JsonLinesCallback()]
+    )
+    if track:
+        from gptcore.train.records import profile_params
+        from tasks.tracking import TrackingSession
+
+        session = TrackingSession.open(params.tracking)
+        tags = {"stage": stage, "kind": "training", "source": "gptpipe train"}
+        inputs = [params_file] if params_file else []
+        run_name = f"{Path(params_file).stem}-{stage}" if params_file else stage
+        fields = job_fields or {}
+        datasets = {"train": fields.get("train_tokens"), "validation": fields.get("validation_tokens")}
+        callback = session.training_callback(
+            run_name, tags=tags, params=profile_params(params), artifacts=inputs, datasets=datasets
+        )
+        callbacks.append(callback)
+    return callbacks
+
+
+def _token_sources(
+    params: Any, stage: str, train_tokens: Path | None, validation_tokens: Path | None, synthetic: bool
+) -> tuple[Any, Any]:
+    if train_tokens is not None or not synthetic:
+        return train_tokens, validation_tokens
+    from gptcore.data.synthetic import synthetic_stream
+
+    section = getattr(params, stage)
+    window = params.model.architecture.block_size + 1
+    vocab = params.tokenizer.vocab_size
+    train = synthetic_stream(vocab, window * (section.training_examples or 2048), seed=1)
+    validation = synthetic_stream(
+        vocab, window * (section.validation_examples or 64), seed=2, split="validation"
+    )
+    return train, validation_tokens or validation
+
+
+def preflight_inputs(
+    params: Any, train_tokens: Path | None, validation_tokens: Path | None, tokenizer: Path | None
+) -> None:
+    """Token files and tokenizer checked before the trainer loads, so a bad one is answered in a
+    moment: size and dtype against the manifest, ids and tokenizer against the model's vocabulary."""
+    from gptcore.data.tokenfile import check_tokenizer, check_vocabulary, open_tokens
+
+    vocab = params.model.architecture.vocab_size
+    streams = []
+    for path in (train_tokens, validation_tokens):
+        if path is None:
+            continue
+        stream = open_tokens(path)
+        check_vocabulary(stream, vocab)
+        streams.append(stream)
+    if tokenizer is not None:
+        check_tokenizer(tokenizer, vocab, tuple(streams))
+
+
+def train_command(
+    iteration: int | None = typer.Option(None, "--iteration", min=1, help="params/iteration_N.yaml"),
+    params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
+    set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value (repeatable)"),
+    stage: str = typer.Option("full", "--stage", help="which training section: smoke or full"),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or mps"),
+    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16"),
+    batch_size: str | None = typer.Option(
+        None, "--batch-size", help="per micro-step, or auto: the largest that fits (probed on CUDA)"
+    ),
+    grad_accum: int | None = typer.Option(None, "--grad-accum", min=1),
+    effective_batch_size: int | None = typer.Option(
+        None, "--effective-batch-size", min=1, help="samples per optimizer step: sets --grad-accum"
+    ),
+    activation_checkpointing: bool = typer.Option(
+        False, "--activation-checkpointing", help="recompute each block in the backward pass: less memory"
+    ),
+    epochs: int | None = typer.Option(None, "--epochs", min=1),
+    max_steps: int | None = typer.Option(None, "--max-steps", min=1),
+    training_examples: int | None = typer.Option(None, "--training-examples", min=1),
+    validation_examples: int | None = typer.Option(None, "--validation-examples", min=1),
+    workers: int | None = typer.Option(None, "--workers", min=0),
+    log_every: int | None = typer.Option(None, "--log-every", min=1),
+    eval_every: int | None = typer.Option(None, "--eval-every", min=1),
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", min=1),
+    train_tokens: Path | None = typer.Option(None, "--train-tokens", help="token file (.bin, .pt, project)"),
+    validation_tokens: Path | None = typer.Option(None, "--validation-tokens"),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="tokenizer.json, recorded for generate"),
+    checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the directory's latest checkpoint"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="resolve, build, estimate; train and write nothing"
+    ),
+    synthetic: bool = typer.Option(False, "--synthetic", help="train on a synthetic learnable stream"),
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile the model"),
+    no_track: bool = typer.Option(False, "--no-track", help="do not record the run in MLflow"),
+    nproc: str | None = typer.Option(None, "--nproc", help="processes per node: N or auto (one per GPU)"),
+    nnodes: int | None = typer.Option(None, "--nnodes", min=1, help="machines in the job (torchrun)"),
+    node_rank: int | None = typer.Option(None, "--node-rank", min=0, help="this machine's index"),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches"),
+    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="c10d (default) or static"),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="job id shared by the nodes"),
+    json_only: bool = typer.Option(False, "--json", help="JSON lines only, also on a terminal"),
+) -> None:
+    """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last (on a
+    terminal: a progress bar and the summary line)."""
+    json_lines_only(json_only)
+    choice("--stage", stage, TrainingStage)
+    for flag, value, allowed in (("--device", device, Device), ("--precision", precision, Precision)):
+        if value is not None:
+            choice(flag, value, allowed)
+    flags = dict(
+        device=device,
+        precision=precision,
+        batch_size=batch_size_value(batch_size),
+        grad_accum=grad_accum,
+        effective_batch_size=effective_batch_size,
+        activation_checkpointing=activation_checkpointing,
+        workers=workers,
+        compile=compile_,
+        epochs=epochs,
+        max_steps=max_steps,
+        training_examples=training_examples,
+        validation_examples=validation_examples,
+        log_every=log_every,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        nproc=nproc_value(nproc),
+    )
+    path, params = resolve_params(params_file, iteration, [*set_, *parameter_overrides(stage, flags)])
+    preflight_inputs(params, train_tokens, validation_tokens, tokenizer)
+    launch = dict(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    spec = launch_spec(params, {**launch, "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id})
+    sources = _token_sources(params, stage, train_tokens, validation_tokens, synthetic)
+    if sources[0] is None and not dry_run:
+        raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
+    run_name = f"{Path(path).stem}-{stage}"
+    job_fields = dict(
+        train_tokens=sources[0],
+        validation_tokens=sources[1],
+        checkpoint_directory=checkpoint_directory or Path(params.paths.checkpoint_root) / run_name,
+        resume=resume,
+        dry_run=dry_run,
+        tokenizer=tokenizer,
+    )
+    track = not (no_track or dry_run)
+    if spec is not None:  # several processes: this one launches them, watches, and records
+        raise typer.Exit(train_launched(params, path, stage, spec, job_fields, track))
+    train_in_process(params, path, stage, job_fields, track)
+
+
+def train_in_process(params: Any, path: Path, stage: str, job_fields: dict[str, Any], track: bool) -> None:
+    """The training in this process (or one rank, where a user started this command under torchrun):
+    JSON lines and, when `track`, the MLflow run on the main rank, whose id travels in every checkpoint."""
+    from gptcore.distributed.group import process_group
+    from gptcore.runtime.device import resolve_device
+    from gptcore.train.callbacks import CallbackList
+    from gptcore.train.trainer import TrainJob, train
+    from tasks.tracking import training_metadata
+
+    with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
+        callbacks = training_callbacks(params, stage, track, Path(path), job_fields) if world.is_main else []
+        metadata = training_metadata(callbacks)  # live: the MLflow run id lands in it when the run opens
+        metadata.update({"params_file": str(path), "stage": stage})
+        job = TrainJob.from_params(
+            params, stage, metadata=metadata, world_size=world.world_size, rank=world.rank, **job_fields
+        )
+        train(job, CallbackList(callbacks))
+
+
+def train_launched(
+    params: Any, path: Path, stage: str, spec: Any, job_fields: dict[str, Any], track: bool
+) -> int:
+    """The training on `spec`'s processes under torchrun (`gptcore.train.multiprocess`): JSON lines and the
+    MLflow run
+    stay in this process, fed by rank 0's events. Returns the first failing rank's exit code, or 0."""
+    import sys
+
+    from gptcore.train.multiprocess import launch_job
+    from gptcore.train.trainer import TrainJob
+    from tasks.tracking import open_training_run, training_metadata
+
+    callbacks = training_callbacks(params, stage, track, Path(path), job_fields)
+    metadata = training_metadata(callbacks)
+    metadata.update({"params_file": str(path), "stage": stage})
+    if spec.nnodes == 1:  # this node holds rank 0: open the run now, so every checkpoint carries its id
+        open_training_run(callbacks, job_fields["checkpoint_directory"] if job_fields["resume"] else None)
+    job = TrainJob.from_params(params, stage, metadata=metadata, **job_fields)
+    print(f"launching {spec.nproc_per_node} process(es) per node under torchrun", file=sys.stderr, flush=True)
+    code, _, _ = launch_job(
+        job, spec, callbacks, on_text=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    return code
+
+
+def generate_command(
+    checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory"),
+    model: str | None = typer.Option(
+        None, "--model", help="an MLflow model URI instead: models:/gptpipe-iteration-1@champion, models:/ID"
+    ),
+    prompt: str = typer.Option(..., "--prompt"),
+    max_new_tokens: int = typer.Option(100, "--max-new-tokens", min=1),
+    temperature: float = typer.Option(0.8, "--temperature", min=0.0),
+    top_k: int = typer.Option(50, "--top-k", min=0, help="0 keeps every token"),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="default: the one the checkpoint names"),
+    checkpoint: str = typer.Option("auto", "--checkpoint", help="auto, final, best or latest"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Sample a continuation of a prompt from a trained checkpoint or a logged MLflow model."""
+    if (checkpoint_directory is None) == (model is None):
+        raise ConfigError("gptpipe generate: give --checkpoint-directory DIR or --model URI (one of them)")
+    if model is not None:
+        result = _generate_from_model(model, prompt, max_new_tokens, temperature, top_k, seed)
+    else:
+        from gptcore.generate import generate_text
+
+        result = generate_text(
+            checkpoint_directory,
+            prompt,
+            tokenizer,
+            max_new_tokens,
+            temperature,
+            top_k or None,
+            seed,
+            checkpoint,
+        )
+    print(json.dumps(result) if as_json else prompt + result["completion"])
+
+
+def _generate_from_model(
+    uri: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int
+) -> dict[str, Any]:
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking.models.model_uri import load_model_uri
+
+    loaded = load_model_uri(uri)
+    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "seed": seed}
+    try:
+        completion = loaded.predict([prompt], params=settings)[0]
+    except MlflowException as error:
+        raise ConfigError(str(error.message).splitlines()[0]) from None
+    return {"model": uri, "prompt": prompt, "completion": completion}

@@ -1,0 +1,306 @@
+"""Checkpoints: everything an exact resume needs, written so that a crash never leaves a half file.
+
+A checkpoint directory holds, per checkpoint, `<name>.pt` (tensors and state, loaded with
+`torch.load(weights_only=True)`) and `<name>.json` (a sidecar with step, fingerprint, config, metadata
+and the `.pt` file's sha256, cheap to read), plus `manifest.json` listing them. Names: `step-00000100`
+for periodic checkpoints (the newest `keep_last` kept), `best` (lowest validation loss) and `final`.
+Every file is written to a temporary name, fsynced, then renamed over the old one; the manifest last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptcore.errors import CheckpointError, first_line
+from gptcore.tools.atomic import write_atomic
+from gptcore.tools.disk_space import disk_full, is_disk_full
+from gptcore.tools.fingerprint import sha256_file
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+# Fault injection for the kill tests: seconds to sleep inside each checkpoint file write, after the
+# temporary file is written and before it is renamed, so a test can kill the process mid-write.
+WRITE_DELAY_ENV = "GPTPIPE_FAULT_CHECKPOINT_WRITE_DELAY"
+log = logging.getLogger(__name__)
+
+
+# --- RNG states in forms weights_only loading accepts ---------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    version, state, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "python": {"version": version, "state": torch.tensor(state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    numpy = state["numpy"]
+    keys = numpy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((numpy["kind"], keys, numpy["position"], numpy["has_gauss"], numpy["cached"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- atomic files ---------------------------------------------------------------------------------
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # platforms without directory descriptors
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_delay() -> None:
+    delay = os.environ.get(WRITE_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
+
+
+def _atomic_write(target: Path, write: Any) -> None:
+    write_atomic(target, write, before_rename=_write_delay)
+
+
+def _write_json(target: Path, value: Any) -> None:
+    _atomic_write(target, lambda handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode()))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable checkpoint record ({type(error).__name__})") from None
+
+
+# --- the directory --------------------------------------------------------------------------------
+
+
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Delete half-written temporaries a killed writer left (`.<name>.tmp-<pid>`). Call it only while
+    holding the directory's run lock: then no live writer owns any of them."""
+    stale = [p for p in Path(directory).glob(".*.tmp-*") if p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return {"format_version": FORMAT_VERSION, "checkpoints": {}}
+    return _read_json(path)
+
+
+def save_checkpoint(
+    directory: Path, name: str, state: dict[str, Any], record: dict[str, Any], keep_last: int | None = None
+) -> tuple[Path, float]:
+    """Write `<name>.pt`, its sidecar and the manifest; then prune periodic checkpoints beyond
+    `keep_last`. Returns (path, seconds taken). A failing write leaves the previous files intact."""
+    started = time.perf_counter()
+    directory = Path(directory)
+    path = directory / f"{name}.pt"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, lambda handle: torch.save(state, handle))
+        sidecar = {**record, "name": name, "file": path.name, "sha256": sha256_file(path)}
+        sidecar.update(bytes=path.stat().st_size, format_version=FORMAT_VERSION, written_at=time.time())
+        _write_json(directory / f"{name}.json", sidecar)
+        manifest = read_manifest(directory)
+        manifest["checkpoints"][name] = {k: sidecar[k] for k in ("file", "sha256", "step", "kind")}
+        _write_json(directory / MANIFEST, manifest)
+        _fsync_directory(directory)
+    except OSError as error:
+        _forget_unlisted(directory, name)
+        previous = latest_checkpoint(directory)  # the manifest lists what it did before the failed save
+        kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
+        if is_disk_full(error):
+            advice = f"{kept}; free space and resume with --resume"
+            raise disk_full(path, state_bytes(state), advice) from None
+        failed = error.strerror or error
+        raise CheckpointError(f"{path}: checkpoint write failed ({failed}); {kept}") from None
+    if keep_last is not None:
+        _prune(directory, keep_last)
+    return path, time.perf_counter() - started
+
+
+def _forget_unlisted(directory: Path, name: str) -> None:
+    """After a failed save: remove the files of `name` that reached their place before the manifest
+    listed them (a new checkpoint's), so a full disk gets its space back and the folder reads as before."""
+    try:
+        listed = name in read_manifest(directory)["checkpoints"]
+    except CheckpointError:
+        return
+    if not listed:
+        for suffix in (".pt", ".json"):
+            (directory / f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def state_bytes(state: Any) -> int:
+    """The bytes of every tensor in a (nested) checkpoint state: about its file's size."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(value) for value in state)
+    return 0
+
+
+def _prune(directory: Path, keep_last: int) -> None:
+    manifest = read_manifest(directory)
+    periodic = sorted(
+        (entry["step"], name) for name, entry in manifest["checkpoints"].items() if entry["kind"] == "step"
+    )
+    doomed = [name for _, name in periodic[:-keep_last]]
+    if not doomed:
+        return
+    for name in doomed:
+        del manifest["checkpoints"][name]
+    _write_json(directory / MANIFEST, manifest)  # forget first, then delete: never list a missing file
+    for name in doomed:
+        (directory / f"{name}.pt").unlink(missing_ok=True)
+        (directory / f"{name}.json").unlink(missing_ok=True)
+
+
+def resume_candidates(directory: Path | None) -> list[Path]:
+    """Periodic and final checkpoints the manifest lists and that exist, newest (highest step) first."""
+    if directory is None or not Path(directory).is_dir():
+        return []
+    entries = read_manifest(Path(directory))["checkpoints"].values()
+    ranked = sorted(
+        ((e["step"], e["kind"] == "final", e["file"]) for e in entries if e["kind"] in ("step", "final")),
+        reverse=True,
+    )
+    return [Path(directory) / file for _, _, file in ranked if (Path(directory) / file).is_file()]
+
+
+def latest_checkpoint(directory: Path | None) -> Path | None:
+    """The checkpoint a resume continues from: the highest step among periodic and final ones."""
+    candidates = resume_candidates(directory)
+    return candidates[0] if candidates else None
+
+
+# A checkpoint whose content is intact can still fail to load into a run: a tensor of another shape, a
+# missing key, a state another torch wrote. These are the errors that says so.
+LOAD_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def resume_from(
+    directory: Path | None, restore: Callable[[Path, dict[str, Any], dict[str, Any]], None]
+) -> Path | None:
+    """Hand the newest checkpoint that loads to `restore(path, record, state)` and return its path.
+    Newest first, a candidate is skipped when its record is missing or of another format, its content
+    differs from its recorded sha256, it does not unpickle, or `restore` fails with one of `LOAD_ERRORS`;
+    each skip is a warning naming it, the checkpoint resumed from and why. A CheckpointError `restore`
+    raises (a refusal: another configuration) ends the search. None when the directory holds no
+    checkpoint; a CheckpointError when none loads (nothing is deleted)."""
+    failures: list[str] = []
+    for path in resume_candidates(directory):
+        try:
+            record = checkpoint_metadata(path)
+            _check_format(path, record)
+            state = load_checkpoint(path)
+        except CheckpointError as error:
+            failures.append(str(error))
+            continue
+        try:
+            restore(path, record, state)
+        except LOAD_ERRORS as error:
+            failures.append(
+                f"{path}: does not load into this run ({type(error).__name__}: {first_line(error, 200)})"
+            )
+            continue
+        for failure in failures:
+            log.warning("warning: %s; resuming from %s instead", failure, path)
+        return path
+    if failures:
+        raise CheckpointError(
+            f"{directory}: no intact checkpoint to resume from (nothing was deleted): {'; '.join(failures)}"
+        )
+    return None
+
+
+def load_latest_valid(directory: Path | None) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    """(path, record, state) of the newest checkpoint that reads whole (see `resume_from`)."""
+    found: list[tuple[Path, dict[str, Any], dict[str, Any]]] = []
+    path = resume_from(directory, lambda *loaded: found.append(loaded))
+    return found[0] if path is not None else None
+
+
+def _check_format(path: Path, record: dict[str, Any]) -> None:
+    """A record this gptpipe reads: its format version and the keys a resume needs."""
+    version = record.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: its record is in checkpoint format {version}; this gptpipe reads {FORMAT_VERSION}"
+        )
+    missing = [key for key in ("step", "config", "sha256") if key not in record]
+    if missing:
+        raise CheckpointError(f"{path}: its record lacks {', '.join(missing)} (an older or foreign format)")
+
+
+def named_checkpoint(directory: Path, name: str) -> Path | None:
+    path = Path(directory) / f"{name}.pt"
+    return path if path.is_file() else None
+
+
+def checkpoint_metadata(path: Path) -> dict[str, Any]:
+    """The sidecar: step, epoch, kind, fingerprint, config, model config, metadata, sha256; no tensors."""
+    path = Path(path)
+    sidecar = path.with_suffix(".json")
+    if not sidecar.is_file():
+        raise CheckpointError(f"{path}: no checkpoint record {sidecar.name} beside it")
+    return _read_json(sidecar)
+
+
+def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
+    """The state dict of a checkpoint, its content checked against the sha256 its record holds."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if verify:
+        expected = checkpoint_metadata(path).get("sha256")
+        if expected != sha256_file(path):
+            raise CheckpointError(f"{path}: checkpoint is corrupted (content sha256 differs from its record)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many kinds for a damaged file
+        raise CheckpointError(f"{path}: checkpoint cannot be loaded ({type(error).__name__})") from None
+
+
+def config_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Keys whose values differ (or exist on one side only), as `key: stored -> current`."""
+    keys = sorted(set(stored) | set(current))
+    return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in keys if stored.get(k) != current.get(k)]

@@ -1,0 +1,175 @@
+"""Token files: flat little-endian streams of token ids, memory-mapped, described by a manifest.
+
+The layout is the one other small-GPT tools read (`train.bin`, uint16 when the vocabulary fits). Beside
+each stream lies `<name>.manifest.json`: dtype, counts, vocabulary, tokenizer hash, corpus fingerprint,
+format version. The reader also takes bare `.bin` streams (uint16) and `.pt` files holding a 1-D tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptcore.tools.atomic import write_text_atomic
+from gptcore.errors import DataError
+
+FORMAT_VERSION = 1
+MANIFEST_SUFFIX = ".manifest.json"
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+@dataclass(frozen=True)
+class TokenFileManifest:
+    dtype: str
+    token_count: int
+    document_count: int
+    vocab_size: int
+    tokenizer_sha256: str
+    corpus_fingerprint: str
+    split: str
+    sha256: str
+    format_version: int = FORMAT_VERSION
+    end_of_text_id: int | None = None  # the separator written after every document
+    text_bytes: int | None = None  # the documents' UTF-8 bytes (bits per byte = nats / (ln 2 x bytes))
+
+    @property
+    def tokens_per_byte(self) -> float | None:
+        """Tokens (separators included) per byte of text; None where the manifest does not know."""
+        return self.token_count / self.text_bytes if self.text_bytes else None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def manifest_path(tokens_path: str | Path) -> Path:
+    tokens_path = Path(tokens_path)
+    return tokens_path.with_name(tokens_path.name + MANIFEST_SUFFIX)
+
+
+def write_manifest(tokens_path: str | Path, manifest: TokenFileManifest) -> Path:
+    """Atomically: a reader never sees a half-written manifest."""
+    return write_text_atomic(manifest_path(tokens_path), manifest.to_json())
+
+
+def read_manifest(tokens_path: str | Path) -> TokenFileManifest | None:
+    """The manifest beside a token file, or None for a bare stream."""
+    path = manifest_path(tokens_path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return TokenFileManifest(**data)
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: unreadable token-file manifest ({error})") from None
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """A 1-D array of token ids (a memmap for streams) and what is known about it."""
+
+    path: Path
+    tokens: np.ndarray
+    manifest: TokenFileManifest | None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def open_tokens(path: str | Path) -> TokenStream:
+    """Open a token file for reading without loading it; checks size and dtype against the manifest."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: token file not found")
+    if path.suffix == ".pt":
+        return TokenStream(path, _load_pt(path), None)
+    manifest = read_manifest(path)
+    dtype = np.dtype(manifest.dtype if manifest else "uint16").newbyteorder("<")
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise DataError(f"{path}: {size} bytes is not a whole number of {dtype.name} tokens")
+    count = size // dtype.itemsize
+    if manifest and count != manifest.token_count:
+        raise DataError(
+            f"{path}: holds {count} {manifest.dtype} tokens but its manifest says {manifest.token_count}"
+        )
+    if count == 0:
+        raise DataError(f"{path}: token file is empty")
+    return TokenStream(path, np.memmap(path, dtype=dtype, mode="r"), manifest)
+
+
+def _load_pt(path: Path) -> np.ndarray:
+    import torch
+
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many kinds for a bad file
+        raise DataError(f"{path}: not a loadable .pt tensor file ({type(error).__name__})") from None
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point():
+        raise DataError(f"{path}: expected a 1-D integer tensor of token ids")
+    if value.numel() == 0:
+        raise DataError(f"{path}: token file is empty")
+    return value.numpy()
+
+
+def check_vocabulary(stream: TokenStream, vocab_size: int, chunk: int = 1 << 24) -> None:
+    """Refuse ids at or above the model's vocabulary before training starts (scans in chunks)."""
+    if stream.manifest and stream.manifest.vocab_size > vocab_size:
+        raise DataError(
+            f"{stream.path}: tokenizer vocabulary {stream.manifest.vocab_size} exceeds the model's "
+            f"vocab_size {vocab_size}"
+        )
+    highest = 0
+    for start in range(0, len(stream), chunk):
+        highest = max(highest, int(stream.tokens[start : start + chunk].max()))
+    if highest >= vocab_size:
+        raise DataError(
+            f"{stream.path}: token id {highest} is outside the model's vocabulary (< {vocab_size})"
+        )
+
+
+def check_tokenizer(
+    tokenizer_path: str | Path, vocab_size: int, streams: tuple[TokenStream, ...] = ()
+) -> int:
+    """Refuse a tokenizer whose vocabulary exceeds the model's, or that is not the one the token files'
+    manifests were made with (by content sha256). Returns the tokenizer's vocabulary size."""
+    from tokenizers import Tokenizer
+
+    from gptcore.tools.fingerprint import sha256_file
+
+    path = Path(tokenizer_path)
+    if not path.is_file():
+        raise DataError(f"{path}: tokenizer file not found")
+    try:
+        size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+    except Exception:  # the Rust loader raises a bare Exception for any malformed file
+        raise DataError(f"{path}: not a loadable tokenizer.json (malformed or not a tokenizer)") from None
+    if size > vocab_size:
+        raise DataError(f"{path}: tokenizer vocabulary {size} exceeds the model's vocab_size {vocab_size}")
+    digest = sha256_file(path)
+    for stream in streams:
+        if stream.manifest and stream.manifest.tokenizer_sha256 not in ("", digest):
+            raise DataError(
+                f"{stream.path}: made with tokenizer sha256 {stream.manifest.tokenizer_sha256[:12]}..., "
+                f"not {path} ({digest[:12]}...)"
+            )
+    return size
+
+
+def find_test_tokens(tokenizer: Path, data_root: Path) -> Path | None:
+    """The newest `test.bin` under `data_root/tokens/` made with `tokenizer` (by content sha256), or None:
+    the held-out split a model trained with that tokenizer never saw."""
+    from gptcore.tools.fingerprint import sha256_file
+
+    digest = sha256_file(tokenizer)
+    found = []
+    for path in Path(data_root).glob("tokens/*/test.bin"):
+        manifest = read_manifest(path)
+        if manifest is not None and manifest.split == "test" and manifest.tokenizer_sha256 == digest:
+            found.append(path)
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)

@@ -1,0 +1,1 @@
+"""Several processes: the process group a run joins, and torchrun launching it."""

@@ -1,0 +1,353 @@
+"""The course's bounded comparison: two training runs that differ in one thing, and nothing else.
+
+Both runs share the model, token sources, tokenizer, example limits, batch size, precision and epochs;
+only the compared axis changes: the device (CPU against CUDA) where there is a GPU, else the precision
+or the batch size. Each run's record (params and metrics under the run-record names) is read back and
+the controls compared: two runs whose controls differ are refused, with the differing controls listed.
+
+This module trains and compares records; where the records live is the caller's choice: MLflow
+(`flows.compare`, the Prefect flow) or memory (`compare_in_memory`, for `gptpipe compare --no-track` on
+a machine without MLflow or Prefect).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gptcore.errors import ConfigError, GptpipeError
+from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord, profile_params
+
+AXES = ("device", "precision", "batch_size")
+# Params every compared run must share (the axis itself aside), as recorded under the run-record names.
+CONTROLS = (
+    "model.n_layer",
+    "model.n_head",
+    "model.n_embd",
+    "model.block_size",
+    "model.vocab_size",
+    "model.dropout",
+    "model.bias",
+    "data.train_tokens",
+    "data.validation_tokens",
+    "data.tokenizer",
+    "train_examples",
+    "validation_examples",
+    "device",
+    "precision",
+    "batch_size",
+    "grad_accum_steps",
+    "epochs",
+    "max_steps",
+    "sequence_length",
+)
+FIGURES = (
+    "tokens_per_second",
+    "steps_per_second",
+    "mfu",
+    "peak_memory_bytes",
+    "final_train_loss",
+    "final_val_loss",
+    "elapsed_seconds",
+)
+
+
+class NotComparable(GptpipeError):
+    """Two runs whose controls differ: their figures say nothing about the compared axis alone."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounded run both sides train (small by default: a comparison, not a training)."""
+
+    max_steps: int = 10
+    training_examples: int = 64
+    validation_examples: int = 16
+    epochs: int = 1
+
+
+def choose_axis(
+    axis: str, values: list[str] | None, cuda_available: bool, batch_size: int
+) -> tuple[str, list[str]]:
+    """The axis and its two values: `auto` is CPU against CUDA with a GPU, else fp32 against bf16."""
+    if axis not in ("auto", *AXES):
+        raise ConfigError(f"--axis {axis!r}: expected one of auto, {', '.join(AXES)}")
+    if axis == "auto":
+        axis = "device" if cuda_available else "precision"
+    defaults = {
+        "device": ["cpu", "cuda"],
+        "precision": ["fp32", "bf16"],
+        "batch_size": [str(batch_size), str(batch_size * 2)],
+    }
+    chosen = list(values) if values else defaults[axis]
+    if len(chosen) != 2 or chosen[0] == chosen[1]:
+        raise ConfigError(f"--values {','.join(chosen)}: expected two different values of {axis}")
+    if axis == "device" and "cuda" in chosen and not cuda_available:
+        raise ConfigError(
+            "--axis device: CUDA is not available on this machine; use --axis precision or --axis batch_size"
+        )
+    return axis, chosen
+
+
+def differing_controls(first: dict[str, str], second: dict[str, str], axis: str) -> list[str]:
+    """Controls whose recorded values differ (the compared axis excepted), as `name: a != b`."""
+    return [
+        f"{name}: {first.get(name)!r} != {second.get(name)!r}"
+        for name in CONTROLS
+        if name != axis and first.get(name) != second.get(name)
+    ]
+
+
+def _format(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
+
+
+def _column(run: dict[str, Any], axis: str) -> str:
+    value = run["params"].get(axis)
+    return f"{value} ({run['run_id'][:8]})" if run.get("run_id") else str(value)
+
+
+def comparison_table(axis: str, runs: list[dict[str, Any]]) -> str:
+    """Markdown: one row per figure, one column per run, and the second run's ratio to the first."""
+    header = [f"figure ({axis})", *(_column(r, axis) for r in runs), "ratio"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for figure in FIGURES:
+        values = [r["metrics"].get(figure) for r in runs]
+        ratio = values[1] / values[0] if None not in values and values[0] else None
+        lines.append("| " + " | ".join([figure, *map(_format, values), _format(ratio)]) + " |")
+    return "\n".join(lines)
+
+
+def compare_records(runs: list[dict[str, Any]], axis: str) -> dict[str, Any]:
+    """Two run records ({run_id, params, metrics}) compared on `axis`; refused when controls differ."""
+    if axis not in AXES:
+        raise ConfigError(f"--axis {axis!r}: expected one of {', '.join(AXES)}")
+    differences = differing_controls(runs[0]["params"], runs[1]["params"], axis)
+    if differences:
+        names = [r.get("run_id") or r["params"].get(axis) for r in runs]
+        raise NotComparable(
+            f"runs {names[0]} and {names[1]} are not comparable on {axis}: their controls differ: "
+            + "; ".join(differences)
+        )
+    return {"axis": axis, "runs": runs, "table": comparison_table(axis, runs), "comparable": True}
+
+
+def print_comparison(result: dict[str, Any]) -> None:
+    """The table for the person at the terminal, then one JSON line for scripts."""
+    print(result["table"])
+    if "inference" in result:
+        print("\nThe fp32 side's model in each precision, on the same validation windows:\n")
+        print(result["inference"]["table"] + "\n")
+    summary: dict[str, Any] = {
+        "event": "comparison",
+        "axis": result["axis"],
+        "run_ids": [r.get("run_id") for r in result["runs"]],
+    }
+    if not any(summary["run_ids"]):  # not recorded anywhere: the figures themselves, for scripts
+        summary["runs"] = [{"params": r["params"], "metrics": r["metrics"]} for r in result["runs"]]
+    if "url" in result:
+        summary["url"] = result["url"]
+    print(json.dumps(summary))
+
+
+# --- the two bounded runs -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Side:
+    """One of the two runs: its name and the runtime settings it trains with."""
+
+    name: str
+    runtime: dict[str, Any]
+
+
+@dataclass
+class ComparisonPlan:
+    """What both sides share (limits, token sources and their identities) and what tells them apart."""
+
+    axis: str
+    values: list[str]
+    base: dict[str, Any]
+    limits: Limits
+    train: Any
+    validation: Any
+    data_params: dict[str, str] = field(default_factory=dict)
+
+    def sides(self) -> list[Side]:
+        return [
+            Side(
+                f"compare-{self.axis}-{value}",
+                {**self.base, self.axis: int(value) if self.axis == "batch_size" else value},
+            )
+            for value in self.values
+        ]
+
+
+def _identity(path: Path | None) -> str:
+    from gptcore.tools.fingerprint import sha256_file
+
+    return f"{Path(path).name}:sha256:{sha256_file(path)[:16]}" if path else "none"
+
+
+def plan_comparison(
+    params: Any,
+    axis: str,
+    values: list[str] | None,
+    limits: Limits,
+    cuda_available: bool,
+    batch_size: int | None = None,
+    precision: str | None = None,
+    train_tokens: Path | None = None,
+    validation_tokens: Path | None = None,
+    tokenizer: Path | None = None,
+) -> ComparisonPlan:
+    """The two sides and what they share; a seeded synthetic stream when no token files are given."""
+    batch = batch_size or params.defaults_for("cpu").batch_size
+    axis, chosen = choose_axis(axis, values, cuda_available, batch)
+    base = {
+        "device": "cpu" if axis != "device" else None,
+        "precision": precision or "fp32",
+        "batch_size": batch,
+        "grad_accum_steps": params.runtime.grad_accum_steps or 1,
+    }
+    if train_tokens is not None:
+        train, validation = train_tokens, validation_tokens
+        identities = (_identity(train_tokens), _identity(validation_tokens))
+    else:
+        from gptcore.data.synthetic import synthetic_stream
+
+        window, vocab = params.model.architecture.block_size + 1, params.tokenizer.vocab_size
+        train = synthetic_stream(vocab, window * limits.training_examples, seed=1)
+        validation = synthetic_stream(vocab, window * limits.validation_examples, seed=2, split="validation")
+        identities = (f"synthetic:{vocab}:seed1", f"synthetic:{vocab}:seed2")
+    data_params = {
+        "data.train_tokens": identities[0],
+        "data.validation_tokens": identities[1],
+        "data.tokenizer": _identity(tokenizer),
+    }
+    return ComparisonPlan(axis, chosen, base, limits, train, validation, data_params)
+
+
+def train_side(
+    params: Any,
+    plan: ComparisonPlan,
+    side: Side,
+    callback: TrainingCallback,
+    checkpoint_directory: Path | None = None,
+) -> None:
+    """One bounded run of the smoke section, with the side's runtime; `callback` records it; with a
+    `checkpoint_directory`, the trained model is kept there as `final.pt`."""
+    from gptcore.config import RuntimeConfig
+    from gptcore.train.trainer import TrainJob, train
+
+    limits = plan.limits
+    runtime = RuntimeConfig(**{**params.runtime.model_dump(exclude={"cpu", "gpu"}), **side.runtime})
+    training = params.training_section("smoke").model_copy(
+        update={
+            "eval_at_start": False,
+            "max_steps": limits.max_steps,
+            "epochs": limits.epochs,
+            "training_examples": limits.training_examples,
+            "validation_examples": limits.validation_examples,
+            "log_every": max(1, limits.max_steps // 5),
+            "eval_every": limits.max_steps,
+            "checkpoint_every": limits.max_steps + 1,
+        }
+    )
+    job = TrainJob(
+        model=params.model.architecture,
+        runtime=runtime,
+        training=training,
+        train_tokens=plan.train,
+        validation_tokens=plan.validation,
+        device_defaults=params.defaults_for,
+        metadata=getattr(callback, "metadata", {}),
+        checkpoint_directory=checkpoint_directory,
+    )
+    train(job, callback)
+
+
+# --- inference rows of a precision comparison ---------------------------------------------------------
+
+INFERENCE_REFERENCE = "fp32"
+
+
+def inference_side(plan: ComparisonPlan) -> Side | None:
+    """The side whose trained model the inference rows quantize: the fp32 one of a precision comparison."""
+    if plan.axis != "precision":
+        return None
+    return next((side for side in plan.sides() if side.runtime["precision"] == INFERENCE_REFERENCE), None)
+
+
+def inference_rows(
+    params: Any, plan: ComparisonPlan, checkpoint: Path, tokenizer: Path | None, folder: Path
+) -> dict[str, Any]:
+    """fp32, bf16 and int8 inference of the fp32 side's trained model on the comparison's own validation
+    windows (`gptcore.eval.quant_tradeoff`): {"rows": [...], "table": markdown}."""
+    from gptcore.checkpoint.load import load_model
+    from gptcore.config import QuantizeConfig
+    from gptcore.data.tokenfile import TokenStream, open_tokens
+    from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown
+    from gptcore.model.quantization import METHODS, cpu_features
+
+    model, _ = load_model(checkpoint)
+    windows = plan.validation if isinstance(plan.validation, TokenStream) else open_tokens(plan.validation)
+    block = model.config.block_size
+    settings = QuantizeConfig(
+        methods=list(METHODS),
+        max_test_tokens=plan.limits.validation_examples * block,
+        new_tokens=32,
+        repeats=3,
+    )  # the windows the comparison validated on; a short, bounded timing
+    rows = measure_tradeoff(model, settings.methods, windows, tokenizer, settings, params.evaluate, folder)
+    return {"rows": [row.to_dict() for row in rows], "table": tradeoff_markdown(rows, cpu_features())}
+
+
+class RunRecord(TrainingCallback):
+    """A run recorded in memory as MLflow would hold it: params as text, each metric's latest value."""
+
+    def __init__(self, params: dict[str, Any] | None = None) -> None:
+        self.extra = dict(params or {})
+        self.params: dict[str, str] = {}
+        self.metrics: dict[str, float] = {}
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        self.params = {k: str(v) for k, v in {**StartupRecord.params(startup), **self.extra}.items()}
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        self.metrics.update(StepRecord.metrics(metrics))
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        self.metrics.update(EvalRecord.metrics(metrics))
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.metrics.update(SummaryRecord.metrics(summary))
+
+    def record(self) -> dict[str, Any]:
+        return {"run_id": None, "params": self.params, "metrics": self.metrics}
+
+
+def compare_in_memory(params: Any, plan: ComparisonPlan, tokenizer: Path | None = None) -> dict[str, Any]:
+    """Both sides trained and compared, with nothing recorded outside this process (a precision
+    comparison adds the fp32 side's model in each precision: `inference_rows`)."""
+    import tempfile
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="gptpipe-compare-") as scratch:
+        kept = inference_side(plan)
+        for side in plan.sides():
+            record = RunRecord({**profile_params(params), **plan.data_params})
+            train_side(params, plan, side, record, Path(scratch) / "model" if side == kept else None)
+            runs.append(record.record())
+        result = compare_records(runs, plan.axis)
+        if kept is not None:
+            model = Path(scratch) / "model" / "final.pt"
+            result["inference"] = inference_rows(params, plan, model, tokenizer, Path(scratch) / "rows")
+    return result

@@ -1,0 +1,239 @@
+"""The quantization trade-off, measured: for each method one row of size, quality and speed beside fp32.
+
+Every row is measured the same way, in this process, one method after another:
+- size: the serialized weights file (`gptcore.export.model_files`) in bytes, and as a fraction of fp32's;
+- quality on the held-out test split (the evaluate stage's test token file): loss, perplexity and bits
+  per byte, each with its change against fp32;
+- greedy-token agreement with fp32: the fraction of positions where the method's greedy continuation of
+  each fixed prompt (the evaluate stage's, from the test documents' starts) chooses fp32's token;
+- speed: greedy generation, batch 1, `new_tokens` new tokens with the key/value cache, warm, median of
+  `repeats`; prefill tokens per second over one full window;
+- memory: the weights' bytes in memory, and the process's peak resident set while the row was measured.
+
+A method this build or device cannot run is a row `skipped: <reason>`, never a failure of the whole.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptcore.config import EvaluateConfig, QuantizeConfig
+from gptcore.data.tokenfile import TokenStream
+from gptcore.eval.held_out import held_out_prompts, stream_bits_per_byte, summed_nats
+from gptcore.export.model_files import write_model_files
+from gptcore.generate import sample
+from gptcore.model.gpt import GPT
+from gptcore.model.kv_cache import KVCache
+from gptcore.model.quantization import REFERENCE, quantized, unavailable, weight_bytes
+from gptcore.runtime.memory import peak_memory_bytes, reset_peak_memory
+
+OK = "ok"
+
+
+@dataclass(frozen=True)
+class TradeoffRow:
+    """One method's figures; the field names are the MLflow metric names (`method` and `status` aside)."""
+
+    method: str
+    status: str  # "ok", or "skipped: <reason>"
+    size_bytes: int | None = None
+    size_ratio: float | None = None  # of fp32's file
+    weight_memory_bytes: int | None = None
+    test_loss: float | None = None
+    test_loss_delta: float | None = None  # nats per token, against fp32
+    test_perplexity: float | None = None
+    test_perplexity_change: float | None = None  # relative: 0.01 is 1% above fp32
+    test_bits_per_byte: float | None = None
+    test_bits_per_byte_delta: float | None = None
+    test_tokens: int | None = None
+    greedy_agreement: float | None = None
+    generate_tokens_per_second: float | None = None
+    prefill_tokens_per_second: float | None = None
+    peak_rss_bytes: int | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.status == OK
+
+    def metrics(self) -> dict[str, float]:
+        """The numeric figures, for MLflow (a skipped row has none)."""
+        skip = {"method", "status"}
+        return {
+            f.name: float(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in skip and getattr(self, f.name) is not None
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure_tradeoff(
+    model: GPT,
+    methods: list[str],
+    test: TokenStream,
+    tokenizer: Path | None,
+    settings: QuantizeConfig,
+    prompts: EvaluateConfig,
+    folder: Path,
+    device: str = "cpu",
+) -> list[TradeoffRow]:
+    """A row per method (fp32 first, always), each quantized model's files written to `folder/<method>`."""
+    ordered = [REFERENCE, *(method for method in methods if method != REFERENCE)]
+    end_of_text = test.manifest.end_of_text_id if test.manifest else None
+    prompt_ids = (
+        held_out_prompts(test, end_of_text, max(prompts.prompts, 1), prompts.prompt_tokens)
+        if end_of_text is not None
+        else []
+    ) or [[0]]
+    rows: list[TradeoffRow] = []
+    reference_greedy: list[list[int]] = []
+    for method in ordered:
+        reason = unavailable(method, device)
+        if reason is not None:
+            rows.append(TradeoffRow(method, f"skipped: {reason}"))
+            continue
+        try:
+            row, greedy = _measure(model, method, test, tokenizer, settings, prompt_ids, folder / method)
+        except (NotImplementedError, RuntimeError) as error:  # no kernel for this method here
+            if method == REFERENCE:
+                raise  # nothing to compare against: not a skip
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            rows.append(TradeoffRow(method, f"skipped: {first[:200]}"))
+            continue
+        if method == REFERENCE:
+            reference_greedy = greedy
+        rows.append(_against(row, rows[0] if rows else row, greedy, reference_greedy))
+    return rows
+
+
+def _measure(
+    model: GPT,
+    method: str,
+    test: TokenStream,
+    tokenizer: Path | None,
+    settings: QuantizeConfig,
+    prompt_ids: list[list[int]],
+    folder: Path,
+) -> tuple[TradeoffRow, list[list[int]]]:
+    device = next(model.parameters()).device.type
+    reset_peak_memory(device)
+    candidate = quantized(model, method)
+    files = write_model_files(candidate, tokenizer, folder, method)
+    with torch.no_grad():
+        nats, predicted = summed_nats(candidate, test.tokens, 8, settings.max_test_tokens)
+    loss = nats / predicted
+    greedy = [sample(candidate, ids, settings.new_tokens, temperature=0.0) for ids in prompt_ids]
+    row = TradeoffRow(
+        method=method,
+        status=OK,
+        size_bytes=files.weights.stat().st_size,
+        weight_memory_bytes=weight_bytes(candidate),
+        test_loss=loss,
+        test_perplexity=math.exp(min(loss, 700.0)),
+        test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
+        test_tokens=predicted,
+        generate_tokens_per_second=generation_speed(
+            candidate, prompt_ids[0], settings.new_tokens, settings.repeats
+        ),
+        prefill_tokens_per_second=_prefill_speed(candidate, test, settings.repeats),
+        peak_rss_bytes=peak_memory_bytes(device),
+    )
+    return row, greedy
+
+
+def generation_speed(model: GPT, ids: list[int], new_tokens: int, repeats: int) -> float:
+    """New tokens per second of greedy sampling with the cache, batch 1: the median of `repeats` timed
+    runs after one untimed run of the same length (kernels chosen, allocator grown, graphs compiled)."""
+    sample(model, ids, new_tokens, temperature=0.0)
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        sample(model, ids, new_tokens, temperature=0.0)
+        seconds.append(time.perf_counter() - started)
+    return new_tokens / statistics.median(seconds)
+
+
+@torch.no_grad()
+def _prefill_speed(model: GPT, test: TokenStream, repeats: int) -> float:
+    """Tokens per second of one full window run into an empty cache (the median of `repeats`)."""
+    config = model.config
+    length = min(config.block_size, len(test))
+    window = torch.from_numpy(test.tokens[:length].astype("int64"))[None, :]
+    model(window, cache=KVCache(config.n_layer, config.block_size))  # warm
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model(window, cache=KVCache(config.n_layer, config.block_size))
+        seconds.append(time.perf_counter() - started)
+    return length / statistics.median(seconds)
+
+
+def _against(
+    row: TradeoffRow, reference: TradeoffRow, greedy: list[list[int]], reference_greedy: list[list[int]]
+) -> TradeoffRow:
+    """`row` with its changes against the fp32 row filled in."""
+    both = zip(greedy, reference_greedy, strict=True)
+    pairs = [pair for ours, theirs in both for pair in zip(ours, theirs, strict=True)]
+    same, total = sum(a == b for a, b in pairs), len(pairs)
+    return replace(
+        row,
+        size_ratio=row.size_bytes / reference.size_bytes,
+        test_loss_delta=row.test_loss - reference.test_loss,
+        test_perplexity_change=row.test_perplexity / reference.test_perplexity - 1.0,
+        test_bits_per_byte_delta=(
+            row.test_bits_per_byte - reference.test_bits_per_byte
+            if row.test_bits_per_byte is not None and reference.test_bits_per_byte is not None
+            else None
+        ),
+        greedy_agreement=same / total if total else None,
+    )
+
+
+def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
+    """The table as Markdown, with the machine it was measured on under it."""
+    header = (
+        "| method | size MB | x fp32 | test loss | Δ loss | perplexity | Δ ppl | bits/byte | greedy agree "
+        "| gen tok/s | prefill tok/s | weights MB | peak RSS MB |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for row in rows:
+        if not row.measured:
+            lines.append(f"| {row.method} | {row.status} |" + " |" * 11)
+            continue
+        lines.append(
+            f"| {row.method} | {row.size_bytes / 1e6:.2f} | {row.size_ratio:.3f} | {row.test_loss:.4f} "
+            f"| {row.test_loss_delta:+.4f} | {row.test_perplexity:.2f} | {row.test_perplexity_change:+.2%} "
+            f"| {_number(row.test_bits_per_byte, '.4f')} | {row.greedy_agreement:.1%} "
+            f"| {row.generate_tokens_per_second:.1f} | {row.prefill_tokens_per_second:.0f} "
+            f"| {row.weight_memory_bytes / 1e6:.2f} | {row.peak_rss_bytes / 1e6:.0f} |"
+        )
+    described = ", ".join(f"{key} {value}" for key, value in machine.items())
+    return "\n".join([*lines, "", f"Measured on: {described}."])
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+TABLE_JSON = "tradeoff.json"
+TABLE_MARKDOWN = "tradeoff.md"
+
+
+def write_tradeoff(rows: list[TradeoffRow], machine: dict[str, Any], folder: Path) -> list[Path]:
+    """The table as JSON (rows and machine) and as Markdown in `folder`, each written whole or not at all."""
+    from gptcore.tools.atomic import write_json_atomic, write_text_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    table = tradeoff_markdown(rows, machine)
+    return [
+        write_json_atomic(folder / TABLE_JSON, {"rows": [row.to_dict() for row in rows], "machine": machine}),
+        write_text_atomic(folder / TABLE_MARKDOWN, f"# Quantization trade-off\n\n{table}\n"),
+    ]

@@ -1,0 +1,1 @@
+"""A trained model as files: the plain model files a logged model carries, and the Hugging Face export."""

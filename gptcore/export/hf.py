@@ -1,0 +1,125 @@
+"""A trained model as a Hugging Face GPT-2 folder that `transformers` loads offline.
+
+The model already has GPT-2's layout and names, so the export is a renaming plus GPT-2's `Conv1D`
+layout: the four projection weights (`c_attn`, `attn.c_proj`, `c_fc`, `mlp.c_proj`) are stored
+transposed. The output head is tied to the token embedding and stored once (`tie_word_embeddings`);
+a profile without biases exports zero biases, which compute the same. Nothing here imports
+`transformers`: the folder is plain files, written into a hidden sibling and renamed into place whole.
+
+- `config.json`: a `GPT2Config` whose fields match the model exactly (sizes, `n_positions` = the block
+  size, `gelu_new` = our tanh-approximated GELU, LayerNorm epsilon 1e-5, no dropout, bos/eos = the
+  end-of-text id).
+- `model.safetensors`: the weights under GPT-2's names.
+- `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`: a `PreTrainedTokenizerFast`.
+- `generation_config.json`: bos/eos/pad = end-of-text.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptcore.data.tokenfile import check_tokenizer
+from gptcore.errors import ConfigError, DataError
+from gptcore.model.gpt import GPT
+from gptcore.tools.atomic import publish_directory, staging_directory
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
+
+
+def gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
+    """The weights under GPT-2's names and layout (Conv1D weights transposed, zero biases where the
+    model has none, the tied head left to `tie_word_embeddings`)."""
+    state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+    state.pop("lm_head.weight", None)  # the same tensor as transformer.wte.weight
+    width = model.config.n_embd
+    exported: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        exported[name] = tensor.t().contiguous() if name.endswith(CONV1D) else tensor.contiguous()
+    if not model.config.bias:
+        sizes = {"ln_1": width, "ln_2": width, "attn.c_attn": 3 * width, "attn.c_proj": width}
+        sizes.update({"mlp.c_fc": 4 * width, "mlp.c_proj": width})
+        for layer in range(model.config.n_layer):
+            for part, size in sizes.items():
+                exported[f"transformer.h.{layer}.{part}.bias"] = torch.zeros(size)
+        exported["transformer.ln_f.bias"] = torch.zeros(width)
+    return exported
+
+
+def gpt2_config(model: GPT, end_of_text: int) -> dict[str, Any]:
+    cfg = model.config
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.block_size,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": 4 * cfg.n_embd,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "use_cache": True,
+        "bos_token_id": end_of_text,
+        "eos_token_id": end_of_text,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+
+
+def end_of_text_of(tokenizer_path: Path) -> tuple[int, str]:
+    """The tokenizer's end-of-text id and text: its first special (added) token."""
+    data = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+    special = [token for token in data.get("added_tokens", []) if token.get("special")]
+    if not special:
+        raise DataError(f"{tokenizer_path}: the tokenizer has no special end-of-text token")
+    return int(special[0]["id"]), str(special[0]["content"])
+
+
+def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = False) -> Path:
+    """Write the Hugging Face folder for `model` at `output`; an existing non-empty folder is refused
+    unless `force`. Returns the folder."""
+    from safetensors.torch import save_file
+
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not force:
+        raise ConfigError(f"--output {output}: exists and is not empty; choose another folder or add --force")
+    check_tokenizer(tokenizer_path, model.config.vocab_size)  # loadable, and fits the model
+    eot_id, eot = end_of_text_of(tokenizer_path)
+    weights = gpt2_state_dict(model)
+    needed = sum(t.numel() * t.element_size() for t in weights.values()) + tokenizer_path.stat().st_size
+    with staging_directory(output, needed) as folder:
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        _json(folder / "config.json", gpt2_config(model, eot_id))
+        shutil.copyfile(tokenizer_path, folder / "tokenizer.json")
+        specials = {"bos_token": eot, "eos_token": eot, "unk_token": eot}
+        _json(folder / "special_tokens_map.json", specials)
+        _json(
+            folder / "tokenizer_config.json",
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": model.config.block_size,
+                "clean_up_tokenization_spaces": False,
+                **specials,
+            },
+        )
+        _json(
+            folder / "generation_config.json",
+            {"bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id, "do_sample": False},
+        )
+        publish_directory(folder, output)
+    return output
+
+
+def _json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

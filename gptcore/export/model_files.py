@@ -1,0 +1,145 @@
+"""A trained model as plain files: what a logged MLflow model (and an export) carries.
+
+`model.safetensors` holds the weights alone (no optimizer, no pickled objects; the output head, tied to
+the token embedding, stored once), `model_config.json` the architecture, and `tokenizer.json` the
+tokenizer the model was trained with. A quantized model (`gptcore.model.quantization`) adds
+`quantization.json`
+naming its method; an int8 one keeps its weights in `model.pt` instead (torchao's int8 tensors are not
+plain tensors, which safetensors requires; `torch.load(weights_only=True)` reads them, nothing else).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptcore.config import ModelConfig
+from gptcore.errors import DataError
+from gptcore.model.gpt import GPT
+
+WEIGHTS = "model.safetensors"
+INT8_WEIGHTS = "model.pt"
+CONFIG = "model_config.json"
+TOKENIZER = "tokenizer.json"
+QUANTIZATION = "quantization.json"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    weights: Path
+    config: Path
+    tokenizer: Path
+    quantization: Path | None = None  # absent: the trained fp32 weights
+
+    @property
+    def method(self) -> str:
+        """The quantization the weights went through (`gptcore.model.quantization.METHODS`)."""
+        return quantization_method(self.quantization)
+
+    def as_dict(self) -> dict[str, str]:
+        files = {"weights": self.weights, "config": self.config, "tokenizer": self.tokenizer}
+        if self.quantization is not None:
+            files["quantization"] = self.quantization
+        return {name: str(path) for name, path in files.items()}
+
+
+def checkpoint_tokenizer(record: dict) -> Path:
+    """The tokenizer a checkpoint's record names; a DataError when it names none or it is gone."""
+    named = record.get("metadata", {}).get("tokenizer")
+    if not named:
+        raise DataError("the checkpoint names no tokenizer (train it with one: gptpipe run, or --tokenizer)")
+    path = Path(named)
+    if not path.is_file():
+        raise DataError(f"{path}: the checkpoint's tokenizer file is not there")
+    return path
+
+
+def write_model_files(model: GPT, tokenizer: Path | None, folder: Path, method: str = "fp32") -> ModelFiles:
+    """The model's weights, config and tokenizer (when there is one) as files in `folder`; `method` names
+    the quantization `model` went through (`gptcore.model.quantization.METHODS`)."""
+    import torch
+    from safetensors.torch import save_model
+
+    from gptcore.model.quantization import INT8_METHODS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if method in INT8_METHODS:
+        weights = folder / INT8_WEIGHTS
+        torch.save(model.state_dict(), weights)  # the tied head shares the embedding's storage: once
+    else:
+        weights = folder / WEIGHTS
+        save_model(model, str(weights))  # keeps the tied pair's `lm_head.weight`, as safetensors requires
+    return _with_config(weights, model.config, tokenizer, folder, method)
+
+
+def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, dict]:
+    """A checkpoint's model files and its record, written without building the model: no arithmetic on
+    tensors, so the thread that calls this (the tracking writer's) never starts an OpenMP team of its own,
+    which would slow every later torch call of the process's main thread (docs/benchmarks.md, Serving)."""
+    from safetensors.torch import save_file
+
+    from gptcore.checkpoint import files as ckpt
+
+    record = ckpt.checkpoint_metadata(checkpoint)
+    state = ckpt.load_checkpoint(checkpoint)["model"]
+    state.pop("transformer.wte.weight", None)  # tied to `lm_head.weight`: once, as `save_model` keeps it
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = folder / WEIGHTS
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(weights))
+    config = ModelConfig.model_validate(record["model_config"])
+    return _with_config(weights, config, checkpoint_tokenizer(record), folder, "fp32"), record
+
+
+def _with_config(
+    weights: Path, config: ModelConfig, tokenizer: Path | None, folder: Path, method: str
+) -> ModelFiles:
+    """The files beside the weights: the config, a copy of the tokenizer, the quantization's method."""
+    config_file = folder / CONFIG
+    config_file.write_text(json.dumps(config.model_dump(), indent=2), encoding="utf-8")
+    copied = folder / TOKENIZER
+    if tokenizer is not None:  # a model trained on synthetic tokens has none
+        shutil.copyfile(tokenizer, copied)
+    quantization = None
+    if method != "fp32":
+        quantization = folder / QUANTIZATION
+        quantization.write_text(json.dumps({"method": method}), encoding="utf-8")
+    return ModelFiles(weights, config_file, copied, quantization)
+
+
+def model_files_in(folder: Path) -> ModelFiles:
+    """The model files in `folder` (as `write_model_files` left them); some may be missing."""
+    folder = Path(folder)
+    quantization = folder / QUANTIZATION
+    int8 = folder / INT8_WEIGHTS
+    weights = int8 if int8.is_file() else folder / WEIGHTS
+    named = quantization if quantization.is_file() else None
+    return ModelFiles(weights, folder / CONFIG, folder / TOKENIZER, named)
+
+
+def quantization_method(quantization: Path | None) -> str:
+    """The method a `quantization.json` names; fp32 without one."""
+    if quantization is None:
+        return "fp32"
+    return json.loads(Path(quantization).read_text(encoding="utf-8"))["method"]
+
+
+def read_model_files(
+    weights: Path, config: Path, device: str = "cpu", quantization: Path | None = None
+) -> GPT:
+    """The model the files hold, in evaluation mode (quantized as `quantization` says)."""
+    import torch
+    from safetensors.torch import load_model
+
+    from gptcore.model.quantization import apply
+
+    model = GPT(ModelConfig.model_validate(json.loads(Path(config).read_text(encoding="utf-8"))))
+    method = quantization_method(quantization)
+    model = apply(model.eval(), method)  # the quantized shapes and types the weights load into
+    if Path(weights).suffix == ".safetensors":
+        load_model(model, str(weights), device=device)
+    else:
+        model.load_state_dict(torch.load(weights, map_location=device, weights_only=True), assign=True)
+        model.lm_head.weight = model.transformer.wte.weight  # assign=True loaded them as two parameters
+    return model.to(device).eval()

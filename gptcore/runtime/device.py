@@ -1,0 +1,244 @@
+"""Device and precision resolution: every runtime decision made explicitly, then reported.
+
+`resolve_runtime` turns what the user asked for (`RuntimeConfig`, with `auto`s and unset fields) into a
+concrete `Runtime`, taking the profile's CPU or GPU defaults for whatever was left unset. Asking for
+something this machine cannot do is a `DeviceError`, never a silent fallback. `device_report` is the
+environment check the CLI's `gptpipe device` and the pipeline's device stage print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from functools import cache
+from typing import Any
+
+import torch
+
+from gptcore.config import ConcreteDevice, ConcretePrecision, DeviceDefaults, ModelProfile, RuntimeConfig
+from gptcore.errors import DeviceError, first_line
+from gptcore.runtime import malloc as host_memory
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A resolved runtime: what the trainer runs with, and what the startup line reports."""
+
+    device: ConcreteDevice
+    precision: ConcretePrecision
+    batch_size: int
+    grad_accum_steps: int
+    batch_size_source: str  # "configured", or how `auto` was decided: "probed" (CUDA) or "estimated"
+    effective_batch_target: int | None  # runtime.effective_batch_size: the accumulation follows it
+    workers: int
+    fused_adamw: bool
+    tf32_enabled: bool
+    tensor_cores_enabled: bool
+    pin_memory: bool
+    compile: bool
+    activation_checkpointing: bool
+    cpu_threads: int
+    precision_source: str  # "requested" or "profile default" or why auto chose it
+    host_allocator: str  # glibc malloc settings this process runs with (gptcore.runtime.malloc)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.precision]
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.precision == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed precision for the forward pass; fp32 runs without autocast at all."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device, dtype=self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DefaultsSource = Callable[[str], DeviceDefaults] | ModelProfile
+
+
+def _defaults(source: DefaultsSource, request: RuntimeConfig, device: str) -> DeviceDefaults:
+    """An accelerator (CUDA, MPS) takes the `gpu` defaults, the CPU the `cpu` ones."""
+    if callable(source):
+        return source(device)
+    override = request.gpu if device != "cpu" else request.cpu
+    return override or (source.gpu if device != "cpu" else source.cpu)
+
+
+def mps_available() -> bool:
+    """Apple's Metal backend: built into this torch and usable on this machine (macOS 12.3+, Apple GPU)."""
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def resolve_device(requested: str) -> ConcreteDevice:
+    """`auto` takes CUDA, then MPS, then the CPU; a device asked for by name is that device or an error."""
+    if requested == "cpu":
+        return "cpu"
+    if requested in ("auto", "cuda") and torch.cuda.is_available():
+        return "cuda"
+    if requested == "cuda":
+        raise DeviceError(
+            f"--device cuda: CUDA is not available (torch {torch.__version__}, "
+            f"{'a CPU-only build' if torch.version.cuda is None else 'no GPU visible or driver missing'}); "
+            "run with --device cpu or auto, or install a CUDA build of torch on a machine with a GPU"
+        )
+    if requested in ("auto", "mps") and mps_available():
+        return "mps"
+    if requested == "mps":
+        raise DeviceError(
+            f"--device mps: Apple's Metal (MPS) backend is not available here (torch {torch.__version__} "
+            f"on {platform.system()}; it needs macOS 12.3+ on Apple silicon or an AMD GPU); "
+            "run with --device cpu or auto"
+        )
+    return "cpu"
+
+
+def _bf16_supported(device: str) -> bool:
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device == "mps":
+        return bool(torch.backends.mps.is_macos_or_newer(14, 0))  # MPS has bfloat16 from macOS 14
+    return True  # CPU autocast runs bf16 everywhere (fast where the CPU has AVX512-BF16 or AMX)
+
+
+def resolve_precision(
+    requested: str, default: ConcretePrecision, device: str
+) -> tuple[ConcretePrecision, str]:
+    """(precision, why). An explicit bf16 on a GPU without it is an error; a profile default of bf16
+    there falls back to fp16 with gradient scaling on CUDA, to fp32 on MPS, and says so in
+    `precision_source`."""
+    if requested != "auto":
+        if requested == "bf16" and not _bf16_supported(device):
+            gpu = torch.cuda.get_device_name() if device == "cuda" else "MPS before macOS 14"
+            raise DeviceError(
+                f"--precision bf16: this GPU ({gpu}) does not support bfloat16; "
+                "use --precision fp16 (mixed precision with gradient scaling) or --precision fp32"
+            )
+        return requested, "requested"  # type: ignore[return-value]
+    if default == "bf16" and not _bf16_supported(device):
+        if device == "mps":  # no gradient scaling is tried on MPS: its fp16 would need it
+            return "fp32", "auto: profile default bf16 needs macOS 14 on MPS, fp32"
+        return "fp16", "auto: profile default bf16 is unsupported on this GPU, fp16 with gradient scaling"
+    return default, "auto: profile default"
+
+
+@cache
+def fused_adamw_supported(device: str) -> bool:
+    """Whether the installed build has fused AdamW kernels for this device. Asks torch's own table of
+    fused-kernel devices (the one AdamW checks) rather than running a step, which would import the
+    compiler stack (over a second) in every command; on builds without that table, tries one step."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return device in _get_fused_kernels_supported_devices()
+    except ImportError:
+        return _fused_adamw_step_runs(device)
+
+
+def _fused_adamw_step_runs(device: str) -> bool:
+    try:
+        parameter = torch.zeros(4, device=device, requires_grad=True)
+        parameter.grad = torch.ones_like(parameter)
+        torch.optim.AdamW([parameter], lr=1e-3, fused=True).step()
+        return True
+    except (RuntimeError, ValueError, TypeError):
+        return False
+
+
+def resolve_runtime(request: RuntimeConfig, defaults_for: DefaultsSource) -> Runtime:
+    device = resolve_device(request.device)
+    defaults = _defaults(defaults_for, request, device)
+    precision, source = resolve_precision(request.precision, defaults.precision, device)
+    tf32 = device == "cuda"
+    return Runtime(
+        device=device,
+        precision=precision,
+        # `auto` holds the profile's batch until the trainer decides it (gptcore.runtime.batch_size).
+        batch_size=request.batch_size if isinstance(request.batch_size, int) else defaults.batch_size,
+        grad_accum_steps=request.grad_accum_steps or defaults.grad_accum_steps,
+        batch_size_source="auto" if request.batch_size == "auto" else "configured",
+        effective_batch_target=request.effective_batch_size,
+        workers=defaults.workers if request.workers is None else request.workers,
+        fused_adamw=fused_adamw_supported(device),
+        tf32_enabled=tf32,
+        tensor_cores_enabled=device == "cuda" and (tf32 or precision != "fp32"),
+        pin_memory=device == "cuda",
+        compile=request.compile,
+        activation_checkpointing=request.activation_checkpointing,
+        cpu_threads=torch.get_num_threads(),
+        precision_source=source,
+        host_allocator=host_memory.describe(),
+    )
+
+
+def apply_runtime(runtime: Runtime) -> Runtime:
+    """Process-wide switches the runtime implies: TF32 matmuls and convolutions on CUDA; a heap that
+    hands large arrays back when activations are recomputed on CPU. Returns the runtime as applied."""
+    if runtime.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = runtime.tf32_enabled
+        torch.backends.cudnn.allow_tf32 = runtime.tf32_enabled
+        torch.set_float32_matmul_precision("high" if runtime.tf32_enabled else "highest")
+    if runtime.device == "cpu" and runtime.activation_checkpointing:
+        return replace(runtime, host_allocator=host_memory.favour_memory())
+    return runtime
+
+
+@contextlib.contextmanager
+def cuda_errors_as_device_errors() -> Iterator[None]:
+    """A CUDA initialisation failure (driver, busy GPU) comes out as one line, not a traceback."""
+    try:
+        yield
+    except RuntimeError as error:
+        if "CUDA" not in str(error) or "out of memory" in str(error):
+            raise
+        raise DeviceError(f"CUDA failed to start: {first_line(error)}") from None
+
+
+def processor_name() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def device_report(device: str = "auto") -> dict[str, Any]:
+    """The environment as facts: torch, CUDA, the device a run would take, what it supports."""
+    resolved = resolve_device(device)
+    cuda = torch.cuda.is_available()
+    report: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "torch_cuda_version": torch.version.cuda,
+        "cuda_available": cuda,
+        "cuda_device_count": torch.cuda.device_count() if cuda else 0,
+        "mps_available": mps_available(),
+        "device": resolved,
+        "processor": processor_name(),
+        "cpu_threads": torch.get_num_threads(),
+        "gpu_name": None,
+        "gpu_memory_bytes": None,
+        "gpu_compute_capability": None,
+        "bf16_supported": _bf16_supported(resolved),
+        "fp16_supported": True,
+        "tf32_supported": False,
+        "fused_adamw_supported": fused_adamw_supported(resolved),
+    }
+    if resolved == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        report.update(
+            gpu_name=properties.name,
+            gpu_memory_bytes=int(properties.total_memory),
+            gpu_compute_capability=f"{properties.major}.{properties.minor}",
+            tf32_supported=properties.major >= 8,  # Ampere and later have TF32 tensor cores
+        )
+    return report

@@ -1,0 +1,54 @@
+"""Content fingerprints: what truly determines a stage's output, hashed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace, so equal values hash equally."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def fingerprint(*parts: Any, length: int = 16) -> str:
+    """A short stable hash of JSON-serialisable parts (upstream fingerprints, settings, code version)."""
+    return sha256_bytes(canonical_json(list(parts)).encode())[:length]
+
+
+def code_version_of(*modules: ModuleType) -> str:
+    """Hash of the given modules' source: a stage's cache key changes only when its own code does."""
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(module.__name__.encode())
+        digest.update(Path(module.__file__ or "").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@cache
+def code_version() -> str:
+    """Hash of gptcore's own source: any change to the code that makes outputs invalidates caches."""
+    digest = hashlib.sha256()
+    package = Path(__file__).parents[1]  # gptcore/, every subpackage of it
+    for source in sorted(package.rglob("*.py")):
+        digest.update(source.relative_to(package).as_posix().encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]

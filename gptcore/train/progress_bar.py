@@ -1,0 +1,74 @@
+"""Training progress for a person at a terminal: a live bar with the step, the losses, tokens per second
+and the time left, estimated from the throughput measured so far (rich's `TimeRemainingColumn`).
+
+Shown only when stdout is a terminal and JSON lines were not asked for (`--json`, or `GPTPIPE_JSON=1`):
+scripts and pipes keep getting JSON lines alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from gptcore.train.callbacks import TrainingCallback
+
+JSON_ONLY = "GPTPIPE_JSON"  # set (to anything but 0) for JSON lines only, also on a terminal
+
+
+def wants_progress_bar() -> bool:
+    """A person is watching: stdout is a terminal and JSON lines alone were not asked for."""
+    return sys.stdout.isatty() and os.environ.get(JSON_ONLY, "0") in ("", "0")
+
+
+class ProgressBar(TrainingCallback):
+    """The bar of one training run (its `name`), on stderr so stdout stays the commands' records."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.progress: Any = None
+        self.task: Any = None
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  {task.fields[speed]} tokens/s"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        total = startup.get("planned_steps") or startup.get("max_steps")
+        self.task = self.progress.add_task(
+            self.name, total=total, completed=startup.get("start_step", 0), loss="-", val="-", speed="-"
+        )
+        self.progress.start()
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        if self.progress is None:
+            return
+        fields = {"completed": metrics.get("step", 0)}
+        if isinstance(metrics.get("train_loss"), int | float):
+            fields["loss"] = f"{metrics['train_loss']:.4f}"
+        if isinstance(metrics.get("tokens_per_second"), int | float):
+            fields["speed"] = f"{metrics['tokens_per_second']:,.0f}"
+        self.progress.update(self.task, **fields)
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        if self.progress is not None and isinstance(metrics.get("val_loss"), int | float):
+            self.progress.update(self.task, val=f"{metrics['val_loss']:.4f}")
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self._stop()
+
+    def on_failure(self, reason: str) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

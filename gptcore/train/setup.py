@@ -1,0 +1,175 @@
+"""A training run's setup from its job: seeds, data, replicas, optimizer, step budget, learning-rate
+schedule, and the configuration a resume must match. Plain functions of the job and the runtime, so the
+trainer's run class holds the run itself, not how it was assembled."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from gptcore.config import TrainingConfig
+from gptcore.data.batches import ExampleSet, StepPlan, open_examples
+from gptcore.data.tokenfile import TokenStream
+from gptcore.distributed.group import agree_on_min
+from gptcore.errors import ConfigError, DataError
+from gptcore.model.gpt import GPT, optimizer_groups
+from gptcore.runtime.batch_size import (
+    BatchChoice,
+    accumulation,
+    estimated_choice,
+    memory_budget,
+    probe_step,
+    probed_choice,
+)
+from gptcore.runtime.device import Runtime
+from gptcore.runtime.memory import StepMemory
+from gptcore.train.schedule import WarmupCosine
+
+if TYPE_CHECKING:
+    from gptcore.train.trainer import TrainJob
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def open_data(job: TrainJob, plan: StepPlan) -> tuple[ExampleSet | None, ExampleSet | None]:
+    """The training and validation examples; none for a dry run without token files."""
+    cfg, training = job.model, job.training
+    if job.train_tokens is None:
+        if not job.dry_run:
+            raise ConfigError("--train-tokens: a training token file is required (or --dry-run)")
+        return None, None
+    train = open_examples(job.train_tokens, cfg.block_size, cfg.vocab_size, training.training_examples)
+    if plan.steps_per_epoch(train.count) == 0:
+        raise DataError(
+            f"{train.stream.path}: {train.count} training examples fill no optimizer step of "
+            f"{plan.global_batch} (batch {plan.batch_size} x accumulation "
+            f"{plan.grad_accum_steps}); lower --batch-size/--grad-accum or add data"
+        )
+    validation = None
+    if job.validation_tokens is not None:
+        validation = open_examples(
+            job.validation_tokens, cfg.block_size, cfg.vocab_size, training.validation_examples, "validation"
+        )
+    return train, validation
+
+
+def data_parallel(
+    model: torch.nn.Module, job: TrainJob, runtime: Runtime
+) -> torch.nn.parallel.DistributedDataParallel | None:
+    """DDP over the job's process group when there are several ranks: it starts every replica from
+    rank 0's weights and averages gradients across ranks during backward."""
+    if job.world_size == 1:
+        return None
+    if not torch.distributed.is_initialized():
+        raise ConfigError(f"world size {job.world_size}: no process group; launch with --nproc (torchrun)")
+    devices = [torch.cuda.current_device()] if runtime.device == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=devices)
+
+
+def make_optimizer(
+    model: torch.nn.Module, training: TrainingConfig, runtime: Runtime
+) -> torch.optim.Optimizer:
+    opt = training.optimizer
+    return torch.optim.AdamW(
+        optimizer_groups(model, opt.weight_decay),
+        lr=opt.learning_rate,
+        betas=(opt.beta1, opt.beta2),
+        fused=runtime.fused_adamw,
+        foreach=None if runtime.fused_adamw else True,
+    )
+
+
+def planned_steps(section: TrainingConfig, train_set: ExampleSet | None, plan: StepPlan) -> int | None:
+    """Optimizer steps a run of `section` takes over this data with `plan`'s global batch: its epochs,
+    capped by max_steps."""
+    cap = section.max_steps
+    if train_set is None:
+        return cap
+    per_epoch = plan.steps_per_epoch(train_set.count_within(section.training_examples))
+    return min(per_epoch * section.epochs, cap or per_epoch * section.epochs)
+
+
+def warmup_cosine(job: TrainJob, train_set: ExampleSet | None, plan: StepPlan) -> WarmupCosine:
+    """Warmup then cosine decay over the planned steps of the run the job follows (its own, or for a
+    smoke run the full run's, on that run's ranks), at the job's optimizer's rates."""
+    section = job.schedule or job.training
+    if job.schedule_world_size is not None:
+        plan = StepPlan(plan.batch_size, plan.grad_accum_steps, job.schedule_world_size, 0)
+    opt, total = job.training.optimizer, planned_steps(section, train_set, plan) or 1
+    warmup = min(opt.warmup_steps, max(0, total - 1))
+    return WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
+
+
+def resume_config(
+    job: TrainJob, train_set: ExampleSet | None, plan: StepPlan, runtime: Runtime
+) -> dict[str, Any]:
+    """What determines the training trajectory: a resume must match it exactly. Per-device batch
+    and accumulation may change as long as the global batch stays (after an OOM, on more ranks)."""
+    t = job.training
+    config: dict[str, Any] = {}
+    _flatten("model", job.model.model_dump(), config)
+    _flatten("optimizer", t.optimizer.model_dump(), config)
+    config.update(
+        {
+            "training.seed": t.seed,
+            "training.epochs": t.epochs,
+            "training.max_steps": t.max_steps,
+            "training.training_examples": train_set.count if train_set else None,
+            "global_batch": plan.global_batch,
+            "precision": runtime.precision,
+            "data.train_tokens": _stream_identity(job.train_tokens),
+        }
+    )
+    _flatten("data", job.extra_fingerprint, config)
+    return json.loads(json.dumps(config, default=str))  # as the JSON sidecar will hold it
+
+
+def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), item, into)
+    else:
+        into[prefix] = value
+
+
+def _stream_identity(source: Path | TokenStream | None) -> str | None:
+    if source is None:
+        return None
+    if isinstance(source, TokenStream):
+        return source.manifest.sha256 if source.manifest else f"{source.path.name}:{len(source)} tokens"
+    return f"{Path(source).name}:{Path(source).stat().st_size} bytes"
+
+
+def choose_batch(job: TrainJob, runtime: Runtime, model: GPT, memory: StepMemory, held: int) -> BatchChoice:
+    """The batch this run trains with: one decided before (the smoke stage's, for full training), the
+    configured one, or with `batch_size: auto` the largest that fits (probed on CUDA, estimated
+    elsewhere from `memory`), the same on every rank. `held`: bytes the run holds already (its weights)."""
+    effective, configured_accum = runtime.effective_batch_target, runtime.grad_accum_steps
+    if job.batch is not None:  # its accumulation follows this run's ranks
+        accum = accumulation(effective, job.batch.batch_size, job.world_size, job.batch.grad_accum_steps)
+        return replace(job.batch, grad_accum_steps=accum)
+    if runtime.batch_size_source != "auto":
+        accum = accumulation(effective, runtime.batch_size, job.world_size, configured_accum)
+        return BatchChoice(runtime.batch_size, accum, "configured")
+    parameters = model.parameter_count()
+    if runtime.device == "cuda":
+        # AdamW's moments and, when accumulating, the gradients of the earlier micro-batches.
+        reserve = 8 * parameters + (4 * parameters if configured_accum > 1 or effective else 0)
+        step = probe_step(model, job.model, runtime.device, runtime.autocast, reserve)
+        choice = probed_choice(step, effective, job.world_size, configured_accum)
+    else:
+        budget = memory_budget(runtime.device, held)
+        choice = estimated_choice(memory, budget, effective, job.world_size, configured_accum)
+    size = agree_on_min(choice.batch_size, runtime.device)  # every rank trains the same batch
+    accum = accumulation(effective, size, job.world_size, configured_accum)
+    return replace(choice, batch_size=size, grad_accum_steps=accum)

@@ -1,0 +1,86 @@
+"""The validation loss of the model being trained, and when it is due.
+
+Every rank scores a contiguous share of the validation examples and the sums are added across ranks,
+so each evaluation covers every example exactly once whatever the number of processes. The first one
+also reports the unigram baseline (the loss a model that ignores context reaches on these examples).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from gptcore.data.batches import BatchLoader, ExampleSet, unigram_loss
+from gptcore.distributed.group import all_reduce_sum, rank_range
+from gptcore.runtime.device import Runtime
+from gptcore.train.records import EvalRecord
+
+
+class Evaluator:
+    def __init__(
+        self,
+        validation: ExampleSet | None,
+        train: ExampleSet | None,
+        runtime: Runtime,
+        every: int,
+        at_start: bool,
+        world_size: int = 1,
+        rank: int = 0,
+    ) -> None:
+        self.validation = validation
+        self.train = train
+        self.runtime = runtime
+        self.every = every
+        self.at_start = at_start
+        self.world_size = world_size
+        self.rank = rank
+        self.unigram: float | None = None
+        self.last_val_loss: float | None = None
+
+    def due(self, step: int, planned_steps: int) -> bool:
+        """Every `every` steps during the run (the end always evaluates: `at_end`)."""
+        return step % self.every == 0 and step < planned_steps
+
+    def due_at_start(self, step: int) -> bool:
+        return self.at_start and step == 0
+
+    @torch.no_grad()
+    def __call__(self, model: torch.nn.Module, step: int) -> EvalRecord | None:
+        """The evaluation record at `step`, or None without validation examples."""
+        if self.validation is None:
+            return None
+        model.eval()
+        loader = BatchLoader(self.validation, self.runtime.device, self.runtime.pin_memory, 0)
+        batch = self.runtime.batch_size
+        share = rank_range(self.validation.count, self.world_size, self.rank)
+        indices = (np.arange(s, min(s + batch, share.stop)) for s in range(share.start, share.stop, batch))
+        total = torch.zeros((), device=self.runtime.device, dtype=torch.float64)
+        for x, y in loader.batches(indices):
+            with self.runtime.autocast():
+                _, loss = model(x, y, loss_only=True)  # one piece of logits at a time
+            total += loss.double() * x.shape[0]
+        model.train()
+        self.last_val_loss = float(all_reduce_sum(total).item()) / self.validation.count
+        first = self.unigram is None
+        if first:  # the baseline a model must beat, once per run
+            self.unigram = unigram_loss(self.train, self.validation, model.config.vocab_size)
+        manifest = self.validation.stream.manifest
+        return EvalRecord(
+            step=step,
+            val_loss=self.last_val_loss,
+            val_perplexity=math.exp(min(self.last_val_loss, 700.0)),
+            val_bits_per_byte=bits_per_byte(
+                self.last_val_loss, manifest.tokens_per_byte if manifest else None
+            ),
+            unigram_val_loss=self.unigram if first else None,
+        )
+
+
+def bits_per_byte(nats_per_token: float, tokens_per_byte: float | None) -> float | None:
+    """A loss in bits per byte of text: comparable across tokenizers and vocabulary sizes, since a
+    tokenizer with longer tokens has fewer, harder ones. None without the text's byte count."""
+    if tokens_per_byte is None:
+        return None
+    return nats_per_token * tokens_per_byte / math.log(2)

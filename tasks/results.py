@@ -1,0 +1,91 @@
+"""What each pipeline stage hands to the next: one pydantic model per stage, read by attribute.
+
+Every result names its output files with their sha256 (`files`: a cache hit is trusted only while they
+are unchanged), the paths a person looks at (`outputs`) and the headline figures the report and MLflow
+show (`figures`). Results are small: never tensors or datasets. A result cached by an older version of
+the code (a plain dict with the same keys) validates into the same model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gptcore.tools.fingerprint import sha256_file
+
+
+class StageResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    fingerprint: str | None = None  # what determined the outputs (None: a stage that is never cached)
+    files: dict[str, str] = {}  # output path -> sha256
+    outputs: list[str] = []
+    figures: dict[str, Any] = {}
+
+    def stale_outputs(self) -> list[str]:
+        """Output files that are missing or whose content changed since the stage wrote them."""
+        return [path for path, digest in self.files.items() if not _unchanged(path, digest)]
+
+
+def _unchanged(path: str, digest: str) -> bool:
+    return Path(path).is_file() and sha256_file(path) == digest
+
+
+def file_record(*paths: str | Path) -> dict[str, str]:
+    """The `files` of a result: each output path with its content hash."""
+    return {str(path): sha256_file(path) for path in paths}
+
+
+class TokenizerResult(StageResult):
+    tokenizer: dict[str, Any]  # gptcore.data.tokenizer.TokenizerManifest.to_dict()
+    corpus: dict[str, Any]  # gptcore.data.corpus.Corpus.to_dict(): fingerprint, source, split statistics
+
+
+class TokensResult(StageResult):
+    tokens: dict[str, Any]  # gptcore.data.build.TokenFolderManifest.to_dict()
+    train: str  # the token files the training stages read
+    validation: str
+    test: str  # held out: read by the evaluate stage alone
+    tokenizer_path: str
+
+
+class DeviceResult(StageResult):
+    device: dict[str, Any]  # gptcore.runtime.device.device_report()
+    runtime: dict[str, Any]  # the resolved runtime (device, precision, batch, accumulation, ...)
+
+
+class SmokeResult(StageResult):
+    gate: dict[str, Any]  # tasks.stages.smoke_gate.GateResult.to_dict()
+    optimizer: dict[str, Any]  # the settings it trained with and their source (full or smoke)
+    schedule: dict[str, Any]  # the full run's steps and warmup it followed
+    precision: str
+    val_losses: list[float]
+    summary: dict[str, Any]  # the trainer's summary record
+    full_planned_steps: int
+    estimated_full_seconds: float
+    # The batch it trained with (gptcore.runtime.batch_size.BatchChoice as a dict): full training reuses it.
+    batch: dict[str, Any] = {}
+
+
+class FullResult(StageResult):
+    run_directory: str
+    summary: dict[str, Any]
+
+
+class EvaluateResult(StageResult):
+    checkpoint: str  # the checkpoint evaluated
+    evaluation: dict[str, Any]  # gptcore.eval.held_out.HeldOutRecord.to_dict(): figures and samples
+
+
+class ExportResult(StageResult):
+    folder: str  # the Hugging Face folder
+    checkpoint: str  # the checkpoint exported
+
+
+class QuantizeResult(StageResult):
+    checkpoint: str  # the checkpoint quantized (the evaluated one)
+    rows: list[dict[str, Any]]  # gptcore.eval.quant_tradeoff.TradeoffRow.to_dict(), fp32 first
+    machine: dict[str, Any]  # gptcore.model.quantization.cpu_features()
+    model_folders: dict[str, str]  # method -> the folder of its model files (measured methods)

@@ -1,0 +1,111 @@
+"""The evaluate stage: the full run's chosen checkpoint measured on the held-out test split, and its
+samples; cached on the checkpoint's content hash, the test token file's and the settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from gptcore.config import PipelineParams
+from gptcore.errors import CheckpointError
+from gptcore.tools.atomic import write_json_atomic, write_text_atomic
+from gptcore.tools.fingerprint import code_version_of, fingerprint
+from tasks.caching import fingerprint_key
+from tasks.results import EvaluateResult, FullResult, TokensResult, file_record
+from tasks.stages.training import announce, run_directory
+
+EVALUATION_FILE = "evaluation.json"
+SAMPLES_FILE = "samples.md"
+_FIGURES = (
+    "test_loss",
+    "test_perplexity",
+    "test_bits_per_byte",
+    "unigram_test_loss",
+    "unigram_test_bits_per_byte",
+    "test_tokens",
+    "step",
+)
+
+
+def evaluated_checkpoint(params: PipelineParams, full: FullResult) -> Path:
+    """The checkpoint `evaluate.checkpoint` names in the full run's folder (best, else final)."""
+    from gptcore.checkpoint.files import named_checkpoint
+
+    directory = Path(full.run_directory)
+    for name in dict.fromkeys((params.evaluate.checkpoint, "final")):
+        path = named_checkpoint(directory, name)
+        if path is not None:
+            return path
+    raise CheckpointError(f"{directory}: no {params.evaluate.checkpoint} or final checkpoint to evaluate")
+
+
+def checkpoint_digest(full: FullResult, checkpoint: Path) -> str:
+    """The checkpoint's sha256 as the full stage recorded it (checked unchanged when it was taken from
+    the cache), else computed."""
+    from gptcore.tools.fingerprint import sha256_file
+
+    return full.files.get(str(checkpoint)) or sha256_file(checkpoint)
+
+
+def evaluate_fingerprint(params: PipelineParams, tokens: TokensResult, digest: str, device: str) -> str:
+    import gptcore.data.batches
+    import gptcore.eval.held_out
+    import gptcore.generate
+    import gptcore.model.gpt
+    import gptcore.train.validate
+
+    code = code_version_of(
+        gptcore.eval.held_out,
+        gptcore.generate,
+        gptcore.train.validate,
+        gptcore.model.gpt,
+        gptcore.data.batches,
+    )
+    return fingerprint(
+        "evaluate",
+        digest,
+        tokens.files.get(tokens.test),
+        tokens.files.get(tokens.train),  # the unigram baseline's counts
+        params.evaluate.model_dump(),
+        device,
+        code,
+    )
+
+
+@task(name="evaluate", cache_key_fn=fingerprint_key("evaluate"), persist_result=True)
+def evaluate_task(
+    fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str
+) -> EvaluateResult:
+    """Test loss, perplexity and bits per byte of the checkpoint, beside the unigram baseline; samples."""
+    from gptcore.eval.held_out import evaluate_held_out
+
+    record = evaluate_held_out(
+        Path(checkpoint),
+        Path(tokens.train),
+        Path(tokens.test),
+        Path(tokens.tokenizer_path),
+        params.evaluate,
+        device,
+    )
+    folder = run_directory(params, "evaluate", fingerprint)
+    folder.mkdir(parents=True, exist_ok=True)
+    evaluation = write_json_atomic(folder / EVALUATION_FILE, record.to_dict())
+    samples = write_text_atomic(folder / SAMPLES_FILE, record.samples_markdown())
+    figures = {name: getattr(record, name) for name in _FIGURES}
+    if record.samples:
+        first = record.samples[0]
+        figures["sample"] = " ".join(f"{first.prompt}⟶{first.greedy}".split())[:160]
+    bits = record.test_bits_per_byte or float("nan")
+    announce(
+        f"evaluate: test loss {record.test_loss:.4f} ({bits:.4f} bits/byte) against the unigram "
+        f"{record.unigram_test_loss:.4f}; samples in {samples}"
+    )
+    return EvaluateResult(
+        fingerprint=fingerprint,
+        checkpoint=checkpoint,
+        evaluation=record.to_dict(),
+        files=file_record(evaluation, samples),
+        outputs=[str(evaluation), str(samples)],
+        figures=figures,
+    )

@@ -1,0 +1,45 @@
+"""The export stage: the evaluated checkpoint as a Hugging Face GPT-2 folder (`export.hf: true`),
+cached on the checkpoint's content hash and the export code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from gptcore.config import PipelineParams
+from gptcore.tools.fingerprint import code_version_of, fingerprint
+from tasks.caching import fingerprint_key
+from tasks.results import ExportResult, TokensResult, file_record
+from tasks.stages.training import announce, run_directory
+
+
+def export_fingerprint(digest: str) -> str:
+    import gptcore.export.hf
+    import gptcore.model.gpt
+
+    return fingerprint("export-hf", digest, code_version_of(gptcore.export.hf, gptcore.model.gpt))
+
+
+@task(name="export", cache_key_fn=fingerprint_key("export"), persist_result=True)
+def export_task(
+    fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str
+) -> ExportResult:
+    """Write the Hugging Face folder of `checkpoint` with the tokenizer its token files were made with."""
+    from gptcore.checkpoint.load import load_model
+    from gptcore.export.hf import export_hf
+
+    model, _ = load_model(Path(checkpoint))
+    folder = export_hf(
+        model, Path(tokens.tokenizer_path), run_directory(params, "export-hf", fingerprint), force=True
+    )
+    files = sorted(path for path in folder.iterdir() if path.is_file())
+    announce(f"export: a Hugging Face folder in {folder}")
+    return ExportResult(
+        fingerprint=fingerprint,
+        folder=str(folder),
+        checkpoint=checkpoint,
+        files=file_record(*files),
+        outputs=[str(folder)],
+        figures={"format": "hf", "files": len(files)},
+    )

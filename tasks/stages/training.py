@@ -1,0 +1,310 @@
+"""Smoke and full training as cached Prefect tasks over `gptcore.train.trainer`.
+
+Both are keyed on the token files' fingerprint, the model, the resolved runtime, the stage's training
+settings and the code version. Full training writes into a run folder named by that fingerprint, so a
+rerun after a failure finds its checkpoints there and resumes from the latest one, not from step 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from gptcore.config import PipelineParams, TrainingConfig
+from gptcore.errors import TrainingError
+from gptcore.tools.atomic import write_json_atomic
+from gptcore.tools.fingerprint import code_version_of, fingerprint
+from gptcore.train.records import SummaryRecord
+from tasks.caching import fingerprint_key
+from tasks.prefect_progress import PrefectProgress
+from tasks.results import DeviceResult, FullResult, SmokeResult, TokensResult, file_record
+from tasks.stages.smoke_gate import estimate_full_seconds, judge, memory_limit
+
+SMOKE_RECORD = "smoke.json"
+# Runtime fields that change what training computes (threads and pinning do not).
+_RUNTIME_KEYS = (
+    "device",
+    "precision",
+    "batch_size",
+    "grad_accum_steps",
+    "batch_size_source",
+    "effective_batch_target",
+    "activation_checkpointing",
+    "compile",
+)
+
+
+def announce(message: str) -> None:
+    """A line for the person at the terminal (stderr: stdout ends with the JSON record)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _training_code_version() -> str:
+    """The modules whose code decides what training produces; an edit elsewhere in gptcore (data stages,
+    tracking, the CLI) keeps finished training cached and a killed run resumable."""
+    import gptcore.checkpoint.manager
+    import gptcore.data.batches
+    import gptcore.distributed.group
+    import gptcore.model.cross_entropy
+    import gptcore.model.gpt
+    import gptcore.runtime.batch_size
+    import gptcore.runtime.memory
+    import gptcore.train.schedule
+    import gptcore.train.setup
+    import gptcore.train.trainer
+    import gptcore.train.validate
+
+    return code_version_of(
+        gptcore.model.gpt,
+        gptcore.model.cross_entropy,
+        gptcore.train.trainer,
+        gptcore.checkpoint.manager,
+        gptcore.train.setup,
+        gptcore.train.validate,
+        gptcore.data.batches,
+        gptcore.runtime.batch_size,  # with `batch_size: auto`, what decides the batch
+        gptcore.runtime.memory,
+        gptcore.train.schedule,
+        gptcore.distributed.group,
+    )
+
+
+def _training_fingerprint(
+    stage: str,
+    params: PipelineParams,
+    tokens: TokensResult,
+    device: DeviceResult,
+    schedule: TrainingConfig | None = None,
+    batch: dict[str, Any] | None = None,
+) -> str:
+    runtime = {key: device.runtime[key] for key in _RUNTIME_KEYS if key in device.runtime}
+    machine = {key: device.device.get(key) for key in ("device", "gpu_name", "torch_version")}
+    return fingerprint(
+        stage,
+        tokens.fingerprint,
+        params.model.architecture.model_dump(),
+        runtime,
+        machine if stage == "smoke" else machine["device"],
+        params.training_section(stage).model_dump(),
+        schedule.model_dump() if schedule is not None else None,
+        _training_code_version(),
+        *([batch["batch_size"], batch["grad_accum_steps"]] if batch else []),
+    )
+
+
+def smoke_fingerprint(params: PipelineParams, tokens: TokensResult, device: DeviceResult) -> str:
+    # A smoke record vouches for one machine: a different GPU or torch build needs its own. It trains
+    # the full run's first steps, so the full section's settings (optimizer, schedule) are part of it.
+    return _training_fingerprint("smoke", params, tokens, device, schedule=params.full)
+
+
+def full_fingerprint(
+    params: PipelineParams, tokens: TokensResult, device: DeviceResult, smoke: SmokeResult | None = None
+) -> str:
+    """With `batch_size: auto` the batch the smoke stage found is part of it."""
+    return _training_fingerprint("full", params, tokens, device, batch=reused_batch(params, smoke))
+
+
+def reused_batch(params: PipelineParams, smoke: SmokeResult | None) -> dict[str, Any] | None:
+    """The smoke stage's `auto` batch, which full training trains with (None: configured)."""
+    if params.runtime.batch_size != "auto" or smoke is None or not smoke.batch:
+        return None
+    return smoke.batch
+
+
+def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) -> Path:
+    root = Path(params.paths.checkpoint_root).resolve()
+    return root / f"iteration-{params.iteration}-{stage}-{stage_fingerprint}"
+
+
+def full_refusal(params: PipelineParams, device: DeviceResult) -> str | None:
+    """Why full training must not start on this machine, or None."""
+    if not params.full.require_cuda or device.runtime["device"] == "cuda":
+        return None
+    if params.runtime.device == "cpu" and params.full.max_steps is not None:
+        return None  # the parameters explicitly ask for a bounded CPU run
+    return (
+        f"full training stopped: iteration {params.iteration} needs CUDA (full.require_cuda: true) and this "
+        "machine has none; the smoke record is complete. Run on a CUDA machine, or set runtime.device=cpu "
+        "with a bounded full.max_steps to train on CPU anyway."
+    )
+
+
+def _train(
+    params: PipelineParams,
+    stage: str,
+    tokens: TokensResult,
+    device: DeviceResult,
+    directory: Path,
+    callbacks: list[Any],
+    resume: bool,
+    nproc: int = 1,
+    batch: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One gptcore training run, in this process or on `nproc` local processes under torchrun (their
+    events replayed into `callbacks` here), holding the device's slot (`tasks.device_slot`); the trainer
+    writes checkpoints into `directory`."""
+    from gptcore.runtime.batch_size import BatchChoice
+    from gptcore.train.callbacks import CallbackList
+    from gptcore.train.progress_bar import ProgressBar, wants_progress_bar
+    from gptcore.train.trainer import TrainJob, train
+    from tasks.device_slot import device_slot
+    from tasks.tracking import training_metadata
+
+    job = TrainJob.from_params(
+        params,
+        stage,
+        train_tokens=Path(tokens.train),
+        validation_tokens=Path(tokens.validation),
+        checkpoint_directory=directory,
+        resume=resume,
+        tokenizer=Path(tokens.tokenizer_path),
+        extra_fingerprint={"tokens": tokens.fingerprint},
+        metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
+        batch=BatchChoice(**batch) if batch else None,
+    )
+    if wants_progress_bar():
+        callbacks = [*callbacks, ProgressBar(f"{stage} iteration {params.iteration}")]
+    with device_slot(device.runtime["device"], nproc, announce):  # one training per device at a time
+        if nproc == 1:
+            return train(job, CallbackList(callbacks))
+        return _train_launched(job, stage, directory, callbacks, resume, nproc)
+
+
+def _train_launched(
+    job: Any, stage: str, directory: Path, callbacks: list[Any], resume: bool, nproc: int
+) -> dict[str, Any]:
+    from gptcore.distributed.torchrun import LaunchSpec
+    from gptcore.train.multiprocess import launch_job
+    from tasks.tracking import open_training_run
+
+    open_training_run(callbacks, directory if resume else None)  # its id in the job, so in checkpoints
+    code, summary, failure = launch_job(job, LaunchSpec(nproc), callbacks, on_text=_logger().info)
+    if code != 0 or summary is None:
+        reason = failure or "see the run's logs"
+        raise TrainingError(f"{stage} training on {nproc} processes failed with exit code {code}: {reason}")
+    return summary
+
+
+def _logger() -> Any:
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # outside a flow or task run: Prefect raises MissingContextError
+        return logging.getLogger("gptpipe.training")
+
+
+@task(name="smoke", cache_key_fn=fingerprint_key("smoke"), persist_result=True)
+def smoke_task(
+    fingerprint: str, params: PipelineParams, tokens: TokensResult, device: DeviceResult, run_context: dict
+) -> SmokeResult:
+    """The full run's first steps, bounded, gating full training: finite losses, train loss falling,
+    validation loss not rising and below the uniform guess, memory that fits."""
+    directory = run_directory(params, "smoke", fingerprint)
+    progress = PrefectProgress(f"smoke-iteration-{params.iteration}", params.smoke.max_steps or 1)
+    callbacks = [progress, *run_context.get("callbacks", [])]
+    summary = _train(params, "smoke", tokens, device, directory, callbacks, resume=False)
+    gate = judge(
+        progress.losses,
+        progress.val_losses,
+        int(summary.get("peak_memory_bytes", 0)),
+        memory_limit(device.device),
+        params.model.architecture.vocab_size,
+    )
+    startup = progress.startup
+    full_steps = int(startup["schedule_steps"])  # the trainer's count for the full run on this data
+    estimate = estimate_full_seconds(full_steps, float(summary.get("steps_per_second", 0.0)))
+    optimizer = params.training_section("smoke").optimizer
+    record = {
+        "fingerprint": fingerprint,
+        "gate": gate.to_dict(),
+        "optimizer": {"source": params.smoke_optimizer_source, **optimizer.model_dump()},
+        "schedule": {"steps": full_steps, "warmup_steps": startup["warmup_steps"]},
+        "precision": startup["precision"],
+        "val_losses": progress.val_losses,
+        "summary": summary,
+        "full_planned_steps": full_steps,
+        "estimated_full_seconds": estimate,
+        "batch": {
+            "batch_size": startup["batch_size"],
+            "grad_accum_steps": startup["grad_accum_steps"],
+            "source": startup["batch_size_source"],
+            "figures": startup.get("batch_probe", {}),
+        },
+    }
+    record_path = directory / SMOKE_RECORD
+    write_json_atomic(record_path, record, default=str)
+    if not gate.passed:
+        cause = gate.likely_cause(optimizer.learning_rate, startup["precision"])
+        raise TrainingError(
+            f"smoke gate failed: {'; '.join(gate.reasons())}; likely cause: {cause}; record: {record_path}"
+        )
+    return SmokeResult(
+        **record,
+        files=file_record(record_path),
+        outputs=[str(record_path)],
+        figures={
+            **SummaryRecord.headline(summary),
+            "first_train_loss": gate.first_train_loss,
+            "last_train_loss": gate.last_train_loss,
+            "first_val_loss": gate.first_val_loss,
+            "last_val_loss": gate.last_val_loss,
+            "optimizer_source": params.smoke_optimizer_source,
+            "full_planned_steps": full_steps,
+            "estimated_full_seconds": round(estimate, 1) if math.isfinite(estimate) else None,
+        },
+    )
+
+
+def announce_smoke(figures: dict[str, Any]) -> None:
+    announce(
+        f"smoke: {figures.get('tokens_per_second', 0):.0f} tokens/s measured; train loss "
+        f"{figures.get('first_train_loss', math.nan):.3f} -> {figures.get('last_train_loss', math.nan):.3f}, "
+        f"validation {figures.get('first_val_loss', math.nan):.3f} -> "
+        f"{figures.get('last_val_loss', math.nan):.3f}; "
+        f"full run of {figures.get('full_planned_steps')} steps estimated at "
+        f"{figures.get('estimated_full_seconds')} s"
+    )
+
+
+@task(name="full", cache_key_fn=fingerprint_key("full"), persist_result=True)
+def full_task(
+    fingerprint: str,
+    params: PipelineParams,
+    tokens: TokensResult,
+    device: DeviceResult,
+    smoke: SmokeResult,
+    run_context: dict,
+) -> FullResult:
+    """Full training, resumed from the run folder's latest checkpoint when an earlier attempt stopped."""
+    from gptcore.checkpoint.files import latest_checkpoint, named_checkpoint
+
+    directory = run_directory(params, "full", fingerprint)
+    resume_from = latest_checkpoint(directory)
+    if resume_from is not None:
+        announce(f"full: resuming from {resume_from}")
+    planned = smoke.full_planned_steps or params.full.max_steps or 1
+    progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
+    callbacks = [progress, *run_context.get("callbacks", [])]
+    from gptcore.distributed.torchrun import resolve_nproc
+
+    nproc = resolve_nproc(params.runtime.nproc, params.runtime.device)
+    batch = reused_batch(params, smoke)
+    resume = resume_from is not None
+    summary = _train(params, "full", tokens, device, directory, callbacks, resume, nproc, batch)
+    final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
+    outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
+    return FullResult(
+        fingerprint=fingerprint,
+        run_directory=str(directory),
+        summary=summary,
+        files=file_record(*outputs),
+        outputs=[str(path) for path in outputs],
+        figures=SummaryRecord.headline(summary),
+    )

@@ -1,0 +1,178 @@
+"""The model registry: the evaluated checkpoint as a version of `gptpipe-iteration-N`, and who is champion.
+
+The evaluated checkpoint's logged model (found by its checkpoint's sha256, logged now when training
+logged none, e.g. trained untracked) becomes a version of the registered model; registering the same
+checkpoint again finds its version instead of adding one. The alias `champion` moves to it only when its
+`test_bits_per_byte` beats the current champion's (or there is none); otherwise it gets `challenger`. The
+decision and both figures are tags of the version.
+
+The quantize stage's models are versions too, tagged `quantization=<method>` and
+`source_checkpoint_sha256`, each with the alias of its method (`@int8-weight-only`); `champion` stays on
+the floating-point model unless `quantize.may_hold_champion` lets a quantized one win it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+DESCRIPTION = "gptpipe models; @champion has the best test bits per byte, @<method> the newest quantized"
+
+
+@dataclass(frozen=True)
+class Registration:
+    registered_model: str
+    model_version: str
+    model_id: str
+    alias: str  # champion, challenger, or a quantized version's method
+    test_bits_per_byte: float
+    champion_test_bits_per_byte: float | None  # the champion's before this decision (None: there was none)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "registered_model": self.registered_model,
+            "model_version": self.model_version,
+            "alias": self.alias,
+            "previous_champion_test_bits_per_byte": self.champion_test_bits_per_byte,
+        }
+
+
+def registered_name(params: Any) -> str:
+    return params.tracking.registered_model or f"gptpipe-iteration-{params.iteration}"
+
+
+def evaluated_model(client: Any, experiment_id: str, run_id: str, checkpoint: Path, digest: str) -> Any:
+    """The logged model of `checkpoint` (by its sha256), logged now into `run_id` when there is none."""
+    from tasks.tracking.models.logged_models import log_checkpoint_model
+
+    found = client.search_logged_models(
+        [experiment_id], filter_string=f"tags.checkpoint_sha256 = '{digest}'", max_results=1
+    )
+    if found:
+        return found[0]
+    model_id = log_checkpoint_model(
+        client, experiment_id, run_id, checkpoint, "evaluated", {"stage": "evaluate"}
+    )
+    return client.get_logged_model(model_id)
+
+
+def register(
+    client: Any,
+    experiment_id: str,
+    run_id: str,
+    name: str,
+    checkpoint: Path,
+    test_bits_per_byte: float,
+    digest: str | None = None,
+) -> Registration:
+    """Register `checkpoint` (its sha256 `digest`, computed when not given) as a version of `name`."""
+    from gptcore.tools.fingerprint import sha256_file
+
+    digest = digest or sha256_file(checkpoint)
+    model = evaluated_model(client, experiment_id, run_id, checkpoint, digest)
+    identity = {"checkpoint_sha256": digest}
+    version = _version_of(client, name, identity)
+    version = version or _new_version(client, name, model, identity, test_bits_per_byte)
+    alias, best = _decide(client, name, version, test_bits_per_byte, may_win=True, otherwise=CHALLENGER)
+    return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best)
+
+
+def register_quantized(
+    client: Any,
+    experiment_id: str,
+    run_id: str,
+    name: str,
+    files: Any,
+    digest: str,
+    metrics: dict[str, float],
+    may_hold_champion: bool = False,
+) -> Registration:
+    """Register a quantized model's files (`gptcore.export.model_files.ModelFiles`) of the checkpoint whose
+    sha256 is `digest` as a version of `name` tagged `quantization=<method>`, logged first as a logged
+    model of `run_id` with its trade-off `metrics`. The alias `<method>` moves to it; `champion` only
+    when `may_hold_champion` and its test bits per byte beat the champion's."""
+    from tasks.tracking.models.logged_models import log_files_model
+
+    method = files.method
+    identity = {"source_checkpoint_sha256": digest, "quantization": method}
+    bits = metrics["test_bits_per_byte"]
+    version = _version_of(client, name, identity)
+    if version is None:
+        tags = {**identity, "stage": "quantize"}
+        model_id = log_files_model(client, experiment_id, run_id, files, f"gpt-{method}", tags, metrics)
+        version = _new_version(client, name, client.get_logged_model(model_id), identity, bits)
+    alias, best = _decide(client, name, version, bits, may_win=may_hold_champion, otherwise=method)
+    if alias == CHAMPION:
+        client.set_registered_model_alias(name, method, version.version)
+    return Registration(name, str(version.version), version.tags.get("model_id", ""), alias, bits, best)
+
+
+def _new_version(client: Any, name: str, model: Any, identity: dict[str, str], bits: float) -> Any:
+    """A new version of `name` (created when missing) for the logged `model`, named on the model too."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=DESCRIPTION)
+    version = client.create_model_version(
+        name,
+        source=model.artifact_location,
+        run_id=model.source_run_id,
+        model_id=model.model_id,
+        tags={**identity, "model_id": model.model_id, "test_bits_per_byte": str(bits)},
+    )
+    _link_version(client, model, name, str(version.version))
+    return version
+
+
+def _decide(
+    client: Any, name: str, version: Any, bits: float, may_win: bool, otherwise: str
+) -> tuple[str, float | None]:
+    """Move `champion` to `version` when it may win and its bits per byte beat the champion's (or there
+    is none), else give it the alias `otherwise`; the decision and both figures become its tags."""
+    champion = _champion(client, name)
+    best = float(champion.tags["test_bits_per_byte"]) if champion is not None else None
+    same = champion is not None and str(champion.version) == str(version.version)
+    wins = may_win and (champion is None or same or bits < best)
+    alias = CHAMPION if wins else otherwise
+    client.set_registered_model_alias(name, alias, version.version)
+    decision = {
+        "decision": alias,
+        "test_bits_per_byte": str(bits),
+        "champion_test_bits_per_byte": str(best) if best is not None else "none",
+    }
+    for key, value in decision.items():
+        client.set_model_version_tag(name, version.version, key, value)
+    return alias, best
+
+
+def _link_version(client: Any, model: Any, name: str, version: str) -> None:
+    """Name the version on the logged model (as `mlflow.register_model` does), so the model pages' column
+    *Registered models* shows it."""
+    import json
+
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    known = json.loads(client.get_logged_model(model.model_id).tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+    known.append({"name": name, "version": version})
+    client.set_logged_model_tags(model.model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(known)})
+
+
+def _version_of(client: Any, name: str, identity: dict[str, str]) -> Any:
+    """The version of `name` whose tags hold `identity` (a checkpoint's hash, a quantization), or None."""
+    terms = " and ".join(f"tags.{key} = '{value}'" for key, value in identity.items())
+    found = client.search_model_versions(f"name = '{name}' and {terms}")
+    return found[0] if found else None
+
+
+def _champion(client: Any, name: str) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return None
