@@ -32,7 +32,8 @@ def measure(profile: str, steps: int, background: bool) -> dict:
     from gptcore.data.synthetic import synthetic_stream
     from gptcore.runtime.malloc import tune_malloc
     from gptcore.train.callbacks import TrainingCallback
-    from gptcore.train.trainer import TrainJob, train
+    from gptcore.train.job import TrainJob
+    from gptcore.train.trainer import train
 
     tune_malloc()  # as `gptpipe` runs
     stalls: list[tuple[str, float]] = []

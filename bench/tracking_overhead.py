@@ -25,7 +25,8 @@ import torch
 from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrackingConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 from tasks.tracking import TrackingSession
 
 MODEL = ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=2048)

@@ -46,7 +46,8 @@ from gptcore.data.synthetic import synthetic_stream
 from gptcore.model.gpt import GPT
 from gptcore.runtime.flops import FLOP_FORMULA, SQUARE, Shape, flops_per_token, model_matmul_shapes
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 
 BATCH = 8
 WARMUP_STEPS = 2  # allocator growth, kernel selection, compilation

@@ -24,7 +24,8 @@ from gptcore.runtime.batch_size import (
 )
 from gptcore.runtime.memory import StepMemory
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 

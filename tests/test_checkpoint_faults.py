@@ -20,7 +20,8 @@ from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import CheckpointError, DiskFullError
 from gptcore.tools.fingerprint import sha256_file
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 from tests.disk_full_support import half_then_full, leftovers, snapshot
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300)

@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-import gptcore.train.trainer as trainer_module
+import gptcore.train.step as step_module
 from gptcore.checkpoint.files import latest_checkpoint, load_checkpoint
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import TrainingError
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.guards import NonFiniteGuard
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300)
 TRAIN = synthetic_stream(300, 9 * 128, seed=1)
@@ -40,7 +41,7 @@ class Recorder(TrainingCallback):
 
 def poison_steps(monkeypatch: pytest.MonkeyPatch, steps: set[int], value: float) -> None:
     """Make the gradients (and the loss) of the given 1-based optimizer steps `value` (nan or inf)."""
-    original = trainer_module.accumulate_gradients
+    original = step_module.accumulate_gradients
     calls = {"step": 0}
 
     def poisoned(forward: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -53,7 +54,7 @@ def poison_steps(monkeypatch: pytest.MonkeyPatch, steps: set[int], value: float)
                 parameter.grad.fill_(value)
         return total * value
 
-    monkeypatch.setattr(trainer_module, "accumulate_gradients", poisoned)
+    monkeypatch.setattr(step_module, "accumulate_gradients", poisoned)
 
 
 def job(tmp_path: Path, precision: str = "fp32", **training: Any) -> TrainJob:
@@ -123,7 +124,7 @@ def test_fp16_stops_after_the_configured_number_of_consecutive_skips(
 
 
 def test_a_late_verdict_waits_for_the_next_step_or_a_settle() -> None:
-    guard = NonFiniteGuard("fp32", uses_grad_scaler=False, immediate=False)
+    guard = NonFiniteGuard("fp32", immediate=False)
     guard.observe(1, torch.tensor(2.0), torch.tensor(1.0))
     guard.observe(2, torch.tensor(math.nan), torch.tensor(1.0))  # queued, not yet read
     with pytest.raises(TrainingError, match="non-finite loss at step 2"):
@@ -134,16 +135,30 @@ def test_a_late_verdict_waits_for_the_next_step_or_a_settle() -> None:
 
 
 def test_skip_counting_resets_on_a_step_the_scaler_took() -> None:
-    guard = NonFiniteGuard("fp16", uses_grad_scaler=True, max_skipped_steps=2)
-    assert not guard.scaler_step_taken(1, 1024.0, 512.0)
-    assert guard.scaler_step_taken(2, 512.0, 512.0)
-    assert not guard.scaler_step_taken(3, 512.0, 256.0)
+    scales = iter([1024.0, 512.0, 512.0, 512.0, 512.0, 256.0, 256.0, 128.0])  # before and after each step
+    guard = NonFiniteGuard("fp16", scale=lambda: next(scales), max_skipped_steps=2)
+
+    def step(index: int) -> bool:
+        guard.before_update()
+        return guard.observe(index, torch.tensor(math.inf), None)  # the scaler decides, not the loss
+
+    assert not step(1)
+    assert step(2)
+    assert not step(3)
     assert guard.consecutive_skips == 1 and guard.skipped_steps == 2
     with pytest.raises(TrainingError, match="2 consecutive steps up to step 4"):
-        guard.scaler_step_taken(4, 256.0, 128.0)
+        step(4)
+
+
+def test_a_non_finite_mean_loss_stops_the_run_naming_the_checkpoint_kept() -> None:
+    guard = NonFiniteGuard("bf16")
+    guard.check_train_loss(10, 3.2)
+    guard.last_checkpoint = "run/step-00000008.pt"
+    with pytest.raises(TrainingError, match=r"training loss is nan at step 12; stopped; the last good "):
+        guard.check_train_loss(12, math.nan)
 
 
 def test_ranks_agree_a_rank_that_saw_nothing_stops_with_the_one_that_did() -> None:
-    guard = NonFiniteGuard("fp32", uses_grad_scaler=False, agree=lambda flag: flag + 1)  # "another rank"
+    guard = NonFiniteGuard("fp32", agree=lambda flag: flag + 1)  # "another rank"
     with pytest.raises(TrainingError, match="on another rank"):
         guard.observe(7, torch.tensor(1.0), torch.tensor(1.0))

@@ -27,7 +27,8 @@ from gptcore.errors import DataError
 from gptcore.eval.held_out import evaluate_held_out, held_out_prompts, summed_nats
 from gptcore.model.gpt import GPT
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=512)

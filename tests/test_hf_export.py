@@ -24,7 +24,8 @@ from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import ConfigError, DiskFullError
 from gptcore.export.hf import export_hf
 from gptcore.generate import Completer
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 from tests.disk_full_support import leftovers, no_space, snapshot
 
 transformers = pytest.importorskip("transformers")  # the `hf` extra, which `make test` installs

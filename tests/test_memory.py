@@ -18,7 +18,8 @@ from gptcore.runtime import malloc as host_memory
 from gptcore.runtime import memory as memory_module
 from gptcore.runtime.memory import StepMemory
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.job import TrainJob
+from gptcore.train.trainer import train
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 TRAIN = synthetic_stream(300, 17 * 200, seed=1)

@@ -8,6 +8,7 @@ from typing import Any
 from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.job import TrainJob
 from gptcore.train.records import (
     END_METRICS,
     METRIC,
@@ -17,7 +18,7 @@ from gptcore.train.records import (
     StepRecord,
     SummaryRecord,
 )
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.trainer import train
 
 
 class Lines(TrainingCallback):

@@ -102,7 +102,8 @@ def test_a_directory_that_cannot_be_created_is_a_one_line_error(tmp_path: Path) 
 def test_training_holds_the_lock_and_a_second_trainer_on_the_directory_is_refused(tmp_path: Path) -> None:
     from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
     from gptcore.data.synthetic import synthetic_stream
-    from gptcore.train.trainer import TrainJob, train
+    from gptcore.train.job import TrainJob
+    from gptcore.train.trainer import train
 
     job = TrainJob(
         model=ModelConfig(n_layer=1, n_head=1, n_embd=16, block_size=8, vocab_size=300),

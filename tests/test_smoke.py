@@ -14,8 +14,9 @@ from gptcore.data.build import build_token_files
 from gptcore.data.corpus import load_corpus
 from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import TrainingError
+from gptcore.train.job import TrainJob
 from gptcore.train.schedule import WarmupCosine
-from gptcore.train.trainer import TrainJob, train
+from gptcore.train.trainer import train
 from tasks.stages.smoke_gate import judge
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,7 +15,9 @@ from gptcore.errors import CheckpointError, ConfigError, TrainingError
 from gptcore.model.gpt import GPT
 from gptcore.runtime.device import resolve_runtime
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.trainer import TrainJob, accumulate_gradients, train
+from gptcore.train.job import TrainJob
+from gptcore.train.step import accumulate_gradients
+from gptcore.train.trainer import train
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 TRAIN = synthetic_stream(300, 17 * 400, seed=1)

@@ -37,7 +37,7 @@ def three_step_job(checkpoint_directory: Path, metadata: dict) -> object:
     """A TrainJob of three steps of a one-layer model on a synthetic stream, checkpointing at the end."""
     from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrainingConfig
     from gptcore.data.synthetic import synthetic_stream
-    from gptcore.train.trainer import TrainJob
+    from gptcore.train.job import TrainJob
 
     return TrainJob(
         model=ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=300),
@@ -68,7 +68,8 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
     from gptcore.data.build import build_token_files
     from gptcore.data.corpus import load_corpus
     from gptcore.data.tokenizer import train_tokenizer
-    from gptcore.train.trainer import TrainJob, train
+    from gptcore.train.job import TrainJob
+    from gptcore.train.trainer import train
     from tasks.tracking import TrackingSession, training_metadata
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])

@@ -225,7 +225,8 @@ def train_in_process(params: Any, path: Path, stage: str, job_fields: dict[str, 
     from gptcore.distributed.group import process_group
     from gptcore.runtime.device import resolve_device
     from gptcore.train.callbacks import CallbackList
-    from gptcore.train.trainer import TrainJob, train
+    from gptcore.train.job import TrainJob
+    from gptcore.train.trainer import train
     from tasks.tracking import training_metadata
 
     with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
@@ -246,8 +247,8 @@ def train_launched(
     stay in this process, fed by rank 0's events. Returns the first failing rank's exit code, or 0."""
     import sys
 
+    from gptcore.train.job import TrainJob
     from gptcore.train.multiprocess import launch_job
-    from gptcore.train.trainer import TrainJob
     from tasks.tracking import open_training_run, training_metadata
 
     callbacks = training_callbacks(params, stage, track, Path(path), job_fields)

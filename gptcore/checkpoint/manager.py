@@ -16,6 +16,7 @@ written in the background (`gptcore.checkpoint.writer`): the loop waits for a sn
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,10 +28,13 @@ import torch
 from gptcore.checkpoint import files as ckpt
 from gptcore.checkpoint.lock import RunLock
 from gptcore.checkpoint.writer import CheckpointWriter, Written, snapshot
+from gptcore.distributed.group import agree_on_int
 from gptcore.errors import CheckpointError
 from gptcore.tools.fingerprint import code_version
 from gptcore.train.schedule import WarmupCosine
 from gptcore.train.state import TrainState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class TrainingParts:
 class RunIdentity:
     """What every checkpoint record of a run carries: the config a resume must match, and more."""
 
-    config: dict[str, Any]  # the trajectory-determining config (gptcore.train.setup.resume_config)
+    config: dict[str, Any]  # the trajectory-determining config (gptcore.train.setup.trajectory_settings)
     fingerprint: str
     model_config: dict[str, Any]
     metadata: dict[str, Any]  # live: the MLflow callback fills in its run id when the run starts
@@ -166,11 +170,25 @@ class Checkpointer:
                 self.last_good = str(written.path)
         return done
 
-    def restore(self) -> Path | None:
+    def figures(self) -> dict[str, Any]:
+        """The summary's checkpoint figures, by their record names: time spent, and the paths written."""
+        return {
+            "checkpoint_save_seconds": self.seconds,
+            "checkpoint_stall_seconds": self.stall_seconds,
+            **{f"{kind}_checkpoint": self.saved.get(kind) for kind in ("final", "best", "latest")},
+        }
+
+    def restore(self, device: str = "cpu") -> Path | None:
         """Load the newest checkpoint that loads into the parts and the RNGs (newer ones that do not are
-        skipped with a warning, `checkpoint.resume_from`); its path, or None when the folder has none
-        yet. A CheckpointError when it was written with a different config, or when none loads."""
-        return ckpt.resume_from(self.directory, self._restore_from)
+        skipped with a warning, `checkpoint.resume_from`), every rank agreeing on its step; its path, or
+        None (with a warning) when the folder has none yet. A CheckpointError when it was written with a
+        different config, or when none loads."""
+        path = ckpt.resume_from(self.directory, self._restore_from)
+        if path is None:  # the startup line shows start_step 0 and resumed_from null
+            log.warning("warning: --resume: no checkpoint in %s yet; starting from step 0", self.directory)
+            return None
+        self.parts.state.step = agree_on_int(self.parts.state.step, "the resume step", device)
+        return path
 
     def _restore_from(self, path: Path, record: dict[str, Any], state: dict[str, Any]) -> None:
         differences = ckpt.config_differences(record.get("config", {}), self.identity.config)

@@ -245,7 +245,8 @@ def train_side(
     """One bounded run of the smoke section, with the side's runtime; `callback` records it; with a
     `checkpoint_directory`, the trained model is kept there as `final.pt`."""
     from gptcore.config import RuntimeConfig
-    from gptcore.train.trainer import TrainJob, train
+    from gptcore.train.job import TrainJob
+    from gptcore.train.trainer import train
 
     limits = plan.limits
     runtime = RuntimeConfig(**{**params.runtime.model_dump(exclude={"cpu", "gpu"}), **side.runtime})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,15 @@ class BatchChoice:
     grad_accum_steps: int
     source: str  # "configured", "probed" (CUDA) or "estimated" (from the memory estimate)
     figures: dict[str, Any] = field(default_factory=dict)
+
+    def applied_to(self, runtime: Any) -> Any:
+        """`runtime` (a `Runtime`) training with this batch and accumulation."""
+        return replace(
+            runtime,
+            batch_size=self.batch_size,
+            grad_accum_steps=self.grad_accum_steps,
+            batch_size_source=self.source,
+        )
 
 
 def accumulation(effective: int | None, batch_size: int, world_size: int, configured: int) -> int:

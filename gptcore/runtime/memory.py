@@ -17,6 +17,7 @@ import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,6 +68,18 @@ class StepMemory:
     activation_checkpointing: bool = False
     device: str = "cpu"
     checkpoint_snapshot: bool = False  # a host copy of weights and moments while a checkpoint is written
+
+    @classmethod
+    def for_run(cls, model: Any, runtime: Any, checkpoint_snapshot: bool = False) -> StepMemory:
+        """The step memory of `model` (a GPT) trained with `runtime` (a `Runtime`)."""
+        return cls(
+            model.config,
+            model.parameter_count(),
+            runtime.precision,
+            runtime.activation_checkpointing,
+            runtime.device,
+            checkpoint_snapshot,
+        )
 
     def estimate(self, batch_size: int, grad_accum_steps: int = 1) -> dict[str, int]:
         config, parameters, precision = self.config, self.parameters, self.precision

@@ -34,18 +34,20 @@ class _Pending:
 
 
 class NonFiniteGuard:
-    """`observe()` each optimizer step; `settle()` before anything that must see finite weights."""
+    """Every check that a step's numbers are numbers, in one place: `before_update()` before the
+    optimizer's update, `observe()` after each step, `check_train_loss()` on each logged mean, and
+    `settle()` before anything that must see finite weights."""
 
     def __init__(
         self,
         precision: str,
-        uses_grad_scaler: bool,
+        scale: Callable[[], float] | None = None,
         max_skipped_steps: int = DEFAULT_MAX_SKIPPED_STEPS,
         immediate: bool = True,
         agree: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.precision = precision
-        self.uses_grad_scaler = uses_grad_scaler
+        self.scale = scale  # the fp16 gradient scaler's current scale; None without a scaler
         self.max_skipped_steps = max_skipped_steps
         self.immediate = immediate
         # Sums a flag over data-parallel ranks, so every rank stops at the same step (none waits alone).
@@ -53,15 +55,52 @@ class NonFiniteGuard:
         self.last_checkpoint: str | None = None  # the trainer sets it after each save, for the message
         self.consecutive_skips = 0
         self.skipped_steps = 0
+        self._scale_before = 0.0
         self._pending: _Pending | None = None
 
-    # --- fp16: the scaler's verdict -----------------------------------------------------------------
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.scale is not None
 
-    def scaler_step_taken(self, step: int, scale_before: float, scale_after: float) -> bool:
-        """Whether the scaler applied this step (it lowers its scale when it skips one). Counts
-        consecutive skips and stops the run when they reach the limit."""
-        if not self.uses_grad_scaler:
-            return True
+    def before_update(self) -> None:
+        """Note the scale before the scaler decides on this step (it lowers it when it skips one)."""
+        if self.scale is not None:
+            self._scale_before = self.scale()
+
+    def observe(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> bool:
+        """Step `step` is done: whether it counts in the logged mean loss. With a scaler, the scaler's
+        verdict (a skipped step does not count). Without, its summed loss and gradient norm (device
+        tensors) are checked: the previous step's now, or this one at once when `immediate`."""
+        if self.scale is not None:
+            return self._scaler_took(step, self._scale_before, self.scale())
+        norm = grad_norm.detach() if grad_norm is not None else torch.zeros((), device=loss.device)
+        loss = loss.detach()
+        bad = self.agree((~torch.isfinite(loss) | ~torch.isfinite(norm)).to(torch.float32))
+        previous, self._pending = self._pending, _Pending(step, loss, norm, bad)
+        if previous is not None:
+            self._check(previous)
+        if self.immediate:
+            self.settle()
+        return True
+
+    def check_train_loss(self, step: int, mean_loss: float) -> None:
+        """The mean training loss of a logged interval (every rank's, the same on each) is a number."""
+        if not math.isfinite(mean_loss):
+            raise TrainingError(
+                f"training loss is {mean_loss} at step {step}; stopped{self._kept()}: lower the learning "
+                "rate or use --precision bf16/fp32"
+            )
+
+    def settle(self) -> None:
+        """Check the step still waiting for its verdict (before evaluation, checkpoints, the end)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._check(pending)
+
+    def _scaler_took(self, step: int, scale_before: float, scale_after: float) -> bool:
+        """Whether the scaler applied this step. Counts consecutive skips and stops the run when they
+        reach the limit: skipping an overflow is how fp16 training works, a scale that cannot recover
+        is not."""
         if scale_after >= scale_before:
             self.consecutive_skips = 0
             return True
@@ -74,28 +113,6 @@ class NonFiniteGuard:
                 f"{self._kept()}: lower the learning rate or use --precision bf16 or fp32"
             )
         return False
-
-    # --- no scaler: loss and gradient norm must be finite ------------------------------------------
-
-    def observe(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
-        """Record step `step`'s summed loss and gradient norm (device tensors); check the previous
-        step's now, or this one at once when `immediate`."""
-        if self.uses_grad_scaler:
-            return  # the scaler decided already (see scaler_step_taken)
-        norm = grad_norm.detach() if grad_norm is not None else torch.zeros((), device=loss.device)
-        loss = loss.detach()
-        bad = self.agree((~torch.isfinite(loss) | ~torch.isfinite(norm)).to(torch.float32))
-        previous, self._pending = self._pending, _Pending(step, loss, norm, bad)
-        if previous is not None:
-            self._check(previous)
-        if self.immediate:
-            self.settle()
-
-    def settle(self) -> None:
-        """Check the step still waiting for its verdict (before evaluation, checkpoints, the end)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._check(pending)
 
     def _check(self, pending: _Pending) -> None:
         if not pending.bad_ranks.item():

@@ -30,7 +30,7 @@ from gptcore.data.tokenfile import TokenStream, open_tokens
 from gptcore.errors import GptpipeError
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.train.callbacks import CallbackList, TrainingCallback
-from gptcore.train.trainer import TrainJob, defaults_source
+from gptcore.train.job import TrainJob
 
 _SECTIONS = {cls.__name__: cls for cls in (TrainingConfig, SmokeConfig, FullTrainingConfig)}
 
@@ -70,13 +70,13 @@ def _load_source(data: dict[str, str] | None) -> Path | TokenStream | None:
 def save_job(job: TrainJob, folder: Path) -> Path:
     """`folder/job.json`, and the token files of in-memory streams: what a rank rebuilds the job from."""
     folder.mkdir(parents=True, exist_ok=True)
-    defaults = defaults_source(job)
+    defaults = job.defaults()
     data = {
         "model": job.model.model_dump(mode="json"),
         "runtime": job.runtime.model_dump(mode="json"),
         "training": _section(job.training),
-        "schedule": _section(job.schedule),
-        "schedule_world_size": job.schedule_world_size,
+        "follows": _section(job.follows),
+        "follows_world_size": job.follows_world_size,
         "batch": asdict(job.batch) if job.batch else None,
         "train_tokens": _source(job.train_tokens, folder, "train"),
         "validation_tokens": _source(job.validation_tokens, folder, "validation"),
@@ -108,8 +108,8 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
         model=ModelConfig.model_validate_json(json.dumps(data["model"])),
         runtime=RuntimeConfig.model_validate_json(json.dumps(data["runtime"])),
         training=_load_section(data["training"]),
-        schedule=_load_section(data["schedule"]),
-        schedule_world_size=data["schedule_world_size"],
+        follows=_load_section(data["follows"]),
+        follows_world_size=data["follows_world_size"],
         batch=BatchChoice(**data["batch"]) if data.get("batch") else None,
         train_tokens=_load_source(data["train_tokens"]),
         validation_tokens=_load_source(data["validation_tokens"]),

@@ -1,6 +1,6 @@
-"""A training run's setup from its job: seeds, data, replicas, optimizer, step budget, learning-rate
-schedule, and the configuration a resume must match. Plain functions of the job and the runtime, so the
-trainer's run class holds the run itself, not how it was assembled."""
+"""A training run's setup from its job: seeds, data, batch, replicas, optimizer, step budget,
+learning-rate schedule, guards, checkpoints, and the settings a resume must match. Plain functions of the
+job and the runtime, so the trainer holds the run itself, not how it was assembled."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from gptcore.checkpoint.manager import Checkpointer, RunIdentity, TrainingParts
 from gptcore.config import TrainingConfig
 from gptcore.data.batches import ExampleSet, StepPlan, open_examples
 from gptcore.data.tokenfile import TokenStream
-from gptcore.distributed.group import agree_on_min
+from gptcore.distributed.group import agree_on_min, all_reduce_sum
 from gptcore.errors import ConfigError, DataError
 from gptcore.model.gpt import GPT, optimizer_groups
 from gptcore.runtime.batch_size import (
@@ -29,10 +30,9 @@ from gptcore.runtime.batch_size import (
 )
 from gptcore.runtime.device import Runtime
 from gptcore.runtime.memory import StepMemory
+from gptcore.train.guards import DivergenceGuard, NonFiniteGuard
+from gptcore.train.job import TrainJob
 from gptcore.train.schedule import WarmupCosine
-
-if TYPE_CHECKING:
-    from gptcore.train.trainer import TrainJob
 
 
 def seed_everything(seed: int) -> None:
@@ -102,18 +102,18 @@ def planned_steps(section: TrainingConfig, train_set: ExampleSet | None, plan: S
 def warmup_cosine(job: TrainJob, train_set: ExampleSet | None, plan: StepPlan) -> WarmupCosine:
     """Warmup then cosine decay over the planned steps of the run the job follows (its own, or for a
     smoke run the full run's, on that run's ranks), at the job's optimizer's rates."""
-    section = job.schedule or job.training
-    if job.schedule_world_size is not None:
-        plan = StepPlan(plan.batch_size, plan.grad_accum_steps, job.schedule_world_size, 0)
+    section = job.follows or job.training
+    if job.follows_world_size is not None:
+        plan = StepPlan(plan.batch_size, plan.grad_accum_steps, job.follows_world_size, 0)
     opt, total = job.training.optimizer, planned_steps(section, train_set, plan) or 1
     warmup = min(opt.warmup_steps, max(0, total - 1))
     return WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
 
 
-def resume_config(
+def trajectory_settings(
     job: TrainJob, train_set: ExampleSet | None, plan: StepPlan, runtime: Runtime
 ) -> dict[str, Any]:
-    """What determines the training trajectory: a resume must match it exactly. Per-device batch
+    """What determines the training trajectory, flat: a resume must match it exactly. Per-device batch
     and accumulation may change as long as the global batch stays (after an OOM, on more ranks)."""
     t = job.training
     config: dict[str, Any] = {}
@@ -173,3 +173,39 @@ def choose_batch(job: TrainJob, runtime: Runtime, model: GPT, memory: StepMemory
     size = agree_on_min(choice.batch_size, runtime.device)  # every rank trains the same batch
     accum = accumulation(effective, size, job.world_size, configured_accum)
     return replace(choice, batch_size=size, grad_accum_steps=accum)
+
+
+def make_guards(
+    job: TrainJob, runtime: Runtime, scaler: torch.amp.GradScaler, schedule: WarmupCosine
+) -> tuple[NonFiniteGuard, DivergenceGuard]:
+    """The guards that stop a run: non-finite steps (every rank agreeing), and divergence. A run that is
+    another's first steps (a smoke run) is judged by its gate instead, on all its figures."""
+    nonfinite = NonFiniteGuard(
+        runtime.precision,
+        scaler.get_scale if scaler.is_enabled() else None,
+        job.training.max_skipped_steps,
+        immediate=runtime.device != "cuda",  # on CUDA read one step late, keeping the queue full
+        agree=all_reduce_sum,
+    )
+    divergence = DivergenceGuard(
+        job.model, schedule.warmup_steps, schedule.peak, runtime.precision, enabled=job.follows is None
+    )
+    return nonfinite, divergence
+
+
+def make_checkpointer(
+    job: TrainJob, parts: TrainingParts, trajectory: dict[str, Any], fingerprint: str
+) -> Checkpointer:
+    """The run's checkpoints: written by rank 0 of a real run, each naming what a resume must match."""
+    t = job.training
+    tokenizer = str(Path(job.tokenizer).resolve()) if job.tokenizer is not None else None
+    identity = RunIdentity(trajectory, fingerprint, job.model.model_dump(), job.metadata, tokenizer)
+    return Checkpointer(
+        job.checkpoint_directory,
+        t.checkpoint_every,
+        t.keep_last,
+        writes=job.writes_checkpoints,
+        parts=parts,
+        background=t.async_checkpoints,
+        identity=identity,
+    )

@@ -8,6 +8,7 @@ also reports the unigram baseline (the loss a model that ignores context reaches
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +39,14 @@ class Evaluator:
         self.rank = rank
         self.unigram: float | None = None
         self.last_val_loss: float | None = None
+
+    @classmethod
+    def for_job(
+        cls, job: Any, validation: ExampleSet | None, train: ExampleSet | None, runtime: Runtime
+    ) -> Evaluator:
+        """The evaluator of `job` (a `TrainJob`): its training section's schedule, its rank's share."""
+        t = job.training
+        return cls(validation, train, runtime, t.eval_every, t.eval_at_start, job.world_size, job.rank)
 
     def due(self, step: int, planned_steps: int) -> bool:
         """Every `every` steps during the run (the end always evaluates: `at_end`)."""

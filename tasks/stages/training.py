@@ -54,8 +54,10 @@ def _training_code_version() -> str:
     import gptcore.model.gpt
     import gptcore.runtime.batch_size
     import gptcore.runtime.memory
+    import gptcore.train.job
     import gptcore.train.schedule
     import gptcore.train.setup
+    import gptcore.train.step
     import gptcore.train.trainer
     import gptcore.train.validate
 
@@ -63,6 +65,8 @@ def _training_code_version() -> str:
         gptcore.model.gpt,
         gptcore.model.cross_entropy,
         gptcore.train.trainer,
+        gptcore.train.step,  # how a step's gradients are made and applied
+        gptcore.train.job,
         gptcore.checkpoint.manager,
         gptcore.train.setup,
         gptcore.train.validate,
@@ -151,8 +155,9 @@ def _train(
     writes checkpoints into `directory`."""
     from gptcore.runtime.batch_size import BatchChoice
     from gptcore.train.callbacks import CallbackList
+    from gptcore.train.job import TrainJob
     from gptcore.train.progress_bar import ProgressBar, wants_progress_bar
-    from gptcore.train.trainer import TrainJob, train
+    from gptcore.train.trainer import train
     from tasks.device_slot import device_slot
     from tasks.tracking import training_metadata
 
