@@ -12,11 +12,10 @@ from pathlib import Path
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.cli.options import choice
 from flows.failure_hooks import record_failure
 from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
-from gptcore.config import STAGES, load_params
+from gptcore.config import STAGES, choice, load_params
 from tasks import pipeline as stages
 from tasks.tracking import PipelineRecorder
 

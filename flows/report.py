@@ -14,6 +14,7 @@ from typing import Any
 
 from gptcore.config import STAGES
 from gptcore.errors import first_line
+from gptcore.tools.markdown import cell, table
 from tasks.caching import StageOutcome
 
 log = logging.getLogger(__name__)
@@ -80,12 +81,13 @@ class PipelineReport:
         print(json.dumps(self.to_dict(), default=str), flush=True)
 
     def markdown(self) -> str:
-        lines = [f"# {self.title}", "", "| stage | state | seconds | figures |", "|---|---|---|---|"]
+        rows = []
         for name in STAGES:
             outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
-            figures = ", ".join(f"{key}={_short(value)}" for key, value in outcome.figures.items())
+            figures = ", ".join(f"{key}={cell(value)}" for key, value in outcome.figures.items())
             note = f" ({outcome.message})" if outcome.message else ""
-            lines.append(f"| {name} | {outcome.state}{note} | {outcome.seconds:.2f} | {figures} |")
+            rows.append([name, f"{outcome.state}{note}", cell(outcome.seconds, ".2f"), figures])
+        lines = [f"# {self.title}", "", table(["stage", "state", "seconds", "figures"], rows)]
         if self.links:
             lines += ["", *(f"- {label}: {target}" for label, target in self.links.items())]
         return "\n".join(lines) + "\n"
@@ -115,9 +117,3 @@ def headline_figures(report: dict[str, Any]) -> dict[str, float]:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 found[name] = float(value)
     return found
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)

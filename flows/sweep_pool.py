@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from flows.sweep import TrialResult
+from flows.trials import TrialResult
 from gptcore.sweep import Trial
 
 DEPLOYMENT = "sweep-trial"

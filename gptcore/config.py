@@ -7,6 +7,7 @@ the pipeline. Errors come out as one line naming the file, the key path, the val
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -436,3 +437,12 @@ def iteration_file(iteration: int) -> Path:
             f"--iteration {iteration}: no parameter file {path.name} (known iterations: {known})"
         )
     return path
+
+
+def choice(flag: str, value: str, allowed: Any) -> str:
+    """`value` when it is one of `allowed` (a tuple, or a `Literal` type of the config), else a one-line
+    error naming the flag, the value and what is allowed."""
+    options = typing.get_args(allowed) or tuple(allowed)
+    if value not in options:
+        raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(options)}")
+    return value

@@ -177,7 +177,7 @@ def test_metrics_beyond_the_memory_bound_spill_oldest_first_and_arrive_in_order_
     client.away = True
     for step in range(1, 1001):
         writer.log_metrics(run_id, {"loss": 1.0 / step}, step)
-        assert len(writer._memory) <= 100 + 1  # bounded memory: the oldest went to the outbox
+        assert len(writer._loop.queue.memory) <= 100 + 1  # bounded memory: the oldest went to the outbox
     assert writer.report.spilled_records >= 900 and writer.report.failed_calls >= 1
     client.away = False
     writer.log_metrics(run_id, {"loss": 0.0}, 1001)
@@ -197,3 +197,42 @@ def test_calls_after_the_writer_closed_are_counted_not_sent(session: TrackingSes
     writer.set_tags(run_id, {"late": "yes"})
     assert (writer.report.dropped_metrics, writer.report.given_up_calls) == (1, 1)
     assert "late" not in session.client.get_run(run_id).data.tags
+
+
+def test_a_server_call_that_fails_is_retried_by_the_writer_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One retry layer: a server answering 503 sees the writer's attempts (1 + retries), each one
+    request, not MLflow's HTTP retries inside each of them."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from mlflow import MlflowClient
+
+    from tasks.tracking.store import HTTP_DEFAULTS
+
+    requests: list[str] = []
+
+    class Unavailable(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name, value in HTTP_DEFAULTS.items():  # what gptpipe sets for a server store
+        monkeypatch.setenv(name, value)
+    client = MlflowClient(tracking_uri=f"http://127.0.0.1:{server.server_address[1]}")
+    writer = RunWriter(client, retries=2, backoff_seconds=0.01, probe_seconds=600, outbox=tmp_path)
+    try:
+        assert writer.ask("experiment", client.get_experiment, "0") is None
+        deadline = time.monotonic() + 60
+        while writer.report.outages == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert writer.report.outages == 1 and len(requests) == 3
+    finally:
+        writer.close()
+        server.shutdown()

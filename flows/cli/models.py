@@ -70,7 +70,7 @@ def export_command(
     """Export a trained model as a Hugging Face GPT-2 folder (`transformers` loads it offline)."""
     import json
 
-    from flows.cli.options import choice
+    from gptcore.config import choice
     from gptcore.errors import ConfigError
     from gptcore.export.hf import export_hf
 
@@ -122,8 +122,7 @@ def quantize_command(
     version tagged quantization=<method>, with the alias @<method>."""
     import json
 
-    from flows.cli.options import choice
-    from gptcore.config import QuantizationMethod
+    from gptcore.config import QuantizationMethod, choice
     from gptcore.errors import ConfigError
     from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown, write_tradeoff
     from gptcore.export.model_files import read_model_files

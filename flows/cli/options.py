@@ -6,11 +6,15 @@ Importing this is cheap (no torch, no pydantic): `gptpipe --help` and bad flags 
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import functools
 import hashlib
+import inspect
 import os
 import shutil
 import tempfile
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +55,6 @@ def regular_copy(path: Path) -> Path:
     return copy
 
 
-def choice(flag: str, value: str, allowed: Any) -> str:
-    """`value` when it is one of `allowed` (a tuple, or a `Literal` type of the config), else a one-line
-    error naming the flag, the value and what is allowed."""
-    options = typing.get_args(allowed) or tuple(allowed)
-    if value not in options:
-        raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(options)}")
-    return value
-
-
 def batch_size_value(text: str | None) -> int | str | None:
     """`--batch-size`: a whole number of at least 1, or `auto` (the largest that fits)."""
     if text is None or text == "auto":
@@ -75,3 +70,27 @@ def json_lines_only(asked: bool) -> None:
         from gptcore.train.progress_bar import JSON_ONLY
 
         os.environ[JSON_ONLY] = "1"
+
+
+def command_of(options: type) -> Callable[[Callable[[Any], None]], Callable[..., None]]:
+    """Decorate `body(options)` into a typer command whose flags are the fields of the dataclass
+    `options` (each field's default is its `typer.Option`): the command's options arrive as one typed
+    object, however many flags it has."""
+
+    def decorate(body: Callable[[Any], None]) -> Callable[..., None]:
+        hints = typing.get_type_hints(options)
+        fields = dataclasses.fields(options)
+
+        @functools.wraps(body)
+        def command(**values: Any) -> None:
+            return body(options(**values))
+
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        command.__signature__ = inspect.Signature(  # what typer reads the flags from
+            [inspect.Parameter(f.name, keyword, default=f.default, annotation=hints[f.name]) for f in fields]
+        )
+        command.__annotations__ = {f.name: hints[f.name] for f in fields} | {"return": None}
+        del command.__wrapped__  # typer would read `body`'s signature through it
+        return command
+
+    return decorate

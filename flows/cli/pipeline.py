@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from flows.cli.options import choice, json_lines_only, resolve_params
-from gptcore.config import STAGES
+from flows.cli.options import json_lines_only, resolve_params
+from gptcore.config import STAGES, choice
 
 
 def run(

@@ -10,8 +10,8 @@ from typing import Any
 
 import typer
 
-from flows.cli.options import choice, resolve_params
-from gptcore.config import ConcretePrecision
+from flows.cli.options import resolve_params
+from gptcore.config import ConcretePrecision, choice
 from gptcore.errors import ConfigError
 
 

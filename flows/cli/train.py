@@ -8,14 +8,15 @@ inside the commands only. Progress comes out as JSON lines on stdout (see `gptco
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from flows.cli.options import batch_size_value, choice, json_lines_only, resolve_params
+from flows.cli.options import batch_size_value, command_of, json_lines_only, resolve_params
 from flows.train_launch import launch_spec, nproc_value
-from gptcore.config import Device, Precision, TrainingStage
+from gptcore.config import Device, Precision, TrainingStage, choice
 from gptcore.errors import ConfigError
 
 
@@ -128,95 +129,100 @@ def preflight_inputs(
         check_tokenizer(tokenizer, vocab, tuple(streams))
 
 
-def train_command(
-    iteration: int | None = typer.Option(None, "--iteration", min=1, help="params/iteration_N.yaml"),
-    params_file: Path | None = typer.Option(None, "--params", help="a parameter file"),
-    set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value (repeatable)"),
-    stage: str = typer.Option("full", "--stage", help="which training section: smoke or full"),
-    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or mps"),
-    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16"),
+@dataclass
+class TrainOptions:
+    """`gptpipe train`'s flags, one field each (`command_of` makes the command of them)."""
+
+    iteration: int | None = typer.Option(None, "--iteration", min=1, help="params/iteration_N.yaml")
+    params_file: Path | None = typer.Option(None, "--params", help="a parameter file")
+    set_: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value (repeatable)")
+    stage: str = typer.Option("full", "--stage", help="which training section: smoke or full")
+    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or mps")
+    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16")
     batch_size: str | None = typer.Option(
         None, "--batch-size", help="per micro-step, or auto: the largest that fits (probed on CUDA)"
-    ),
-    grad_accum: int | None = typer.Option(None, "--grad-accum", min=1),
+    )
+    grad_accum: int | None = typer.Option(None, "--grad-accum", min=1)
     effective_batch_size: int | None = typer.Option(
         None, "--effective-batch-size", min=1, help="samples per optimizer step: sets --grad-accum"
-    ),
+    )
     activation_checkpointing: bool = typer.Option(
         False, "--activation-checkpointing", help="recompute each block in the backward pass: less memory"
-    ),
-    epochs: int | None = typer.Option(None, "--epochs", min=1),
-    max_steps: int | None = typer.Option(None, "--max-steps", min=1),
-    training_examples: int | None = typer.Option(None, "--training-examples", min=1),
-    validation_examples: int | None = typer.Option(None, "--validation-examples", min=1),
-    workers: int | None = typer.Option(None, "--workers", min=0),
-    log_every: int | None = typer.Option(None, "--log-every", min=1),
-    eval_every: int | None = typer.Option(None, "--eval-every", min=1),
-    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", min=1),
-    train_tokens: Path | None = typer.Option(None, "--train-tokens", help="token file (.bin, .pt, project)"),
-    validation_tokens: Path | None = typer.Option(None, "--validation-tokens"),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="tokenizer.json, recorded for generate"),
-    checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory"),
-    resume: bool = typer.Option(False, "--resume", help="continue from the directory's latest checkpoint"),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", help="resolve, build, estimate; train and write nothing"
-    ),
-    synthetic: bool = typer.Option(False, "--synthetic", help="train on a synthetic learnable stream"),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile the model"),
-    no_track: bool = typer.Option(False, "--no-track", help="do not record the run in MLflow"),
-    nproc: str | None = typer.Option(None, "--nproc", help="processes per node: N or auto (one per GPU)"),
-    nnodes: int | None = typer.Option(None, "--nnodes", min=1, help="machines in the job (torchrun)"),
-    node_rank: int | None = typer.Option(None, "--node-rank", min=0, help="this machine's index"),
-    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches"),
-    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="c10d (default) or static"),
-    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="job id shared by the nodes"),
-    json_only: bool = typer.Option(False, "--json", help="JSON lines only, also on a terminal"),
-) -> None:
+    )
+    epochs: int | None = typer.Option(None, "--epochs", min=1)
+    max_steps: int | None = typer.Option(None, "--max-steps", min=1)
+    training_examples: int | None = typer.Option(None, "--training-examples", min=1)
+    validation_examples: int | None = typer.Option(None, "--validation-examples", min=1)
+    workers: int | None = typer.Option(None, "--workers", min=0)
+    log_every: int | None = typer.Option(None, "--log-every", min=1)
+    eval_every: int | None = typer.Option(None, "--eval-every", min=1)
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", min=1)
+    train_tokens: Path | None = typer.Option(None, "--train-tokens", help="token file (.bin, .pt, project)")
+    validation_tokens: Path | None = typer.Option(None, "--validation-tokens")
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="tokenizer.json, recorded for generate")
+    checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory")
+    resume: bool = typer.Option(False, "--resume", help="continue from the directory's latest checkpoint")
+    dry_run: bool = typer.Option(False, "--dry-run", help="resolve, build, estimate; train and write nothing")
+    synthetic: bool = typer.Option(False, "--synthetic", help="train on a synthetic learnable stream")
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile the model")
+    no_track: bool = typer.Option(False, "--no-track", help="do not record the run in MLflow")
+    nproc: str | None = typer.Option(None, "--nproc", help="processes per node: N or auto (one per GPU)")
+    nnodes: int | None = typer.Option(None, "--nnodes", min=1, help="machines in the job (torchrun)")
+    node_rank: int | None = typer.Option(None, "--node-rank", min=0, help="this machine's index")
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT every node reaches")
+    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="c10d (default) or static")
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="job id shared by the nodes")
+    json_only: bool = typer.Option(False, "--json", help="JSON lines only, also on a terminal")
+
+
+@command_of(TrainOptions)
+def train_command(o: TrainOptions) -> None:
     """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last (on a
     terminal: a progress bar and the summary line)."""
-    json_lines_only(json_only)
-    choice("--stage", stage, TrainingStage)
-    for flag, value, allowed in (("--device", device, Device), ("--precision", precision, Precision)):
+    json_lines_only(o.json_only)
+    choice("--stage", o.stage, TrainingStage)
+    for flag, value, allowed in (("--device", o.device, Device), ("--precision", o.precision, Precision)):
         if value is not None:
             choice(flag, value, allowed)
     flags = dict(
-        device=device,
-        precision=precision,
-        batch_size=batch_size_value(batch_size),
-        grad_accum=grad_accum,
-        effective_batch_size=effective_batch_size,
-        activation_checkpointing=activation_checkpointing,
-        workers=workers,
-        compile=compile_,
-        epochs=epochs,
-        max_steps=max_steps,
-        training_examples=training_examples,
-        validation_examples=validation_examples,
-        log_every=log_every,
-        eval_every=eval_every,
-        checkpoint_every=checkpoint_every,
-        nproc=nproc_value(nproc),
+        device=o.device,
+        precision=o.precision,
+        batch_size=batch_size_value(o.batch_size),
+        grad_accum=o.grad_accum,
+        effective_batch_size=o.effective_batch_size,
+        activation_checkpointing=o.activation_checkpointing,
+        workers=o.workers,
+        compile=o.compile_,
+        epochs=o.epochs,
+        max_steps=o.max_steps,
+        training_examples=o.training_examples,
+        validation_examples=o.validation_examples,
+        log_every=o.log_every,
+        eval_every=o.eval_every,
+        checkpoint_every=o.checkpoint_every,
+        nproc=nproc_value(o.nproc),
     )
-    path, params = resolve_params(params_file, iteration, [*set_, *parameter_overrides(stage, flags)])
-    preflight_inputs(params, train_tokens, validation_tokens, tokenizer)
-    launch = dict(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
-    spec = launch_spec(params, {**launch, "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id})
-    sources = _token_sources(params, stage, train_tokens, validation_tokens, synthetic)
-    if sources[0] is None and not dry_run:
+    overrides = [*o.set_, *parameter_overrides(o.stage, flags)]
+    path, params = resolve_params(o.params_file, o.iteration, overrides)
+    preflight_inputs(params, o.train_tokens, o.validation_tokens, o.tokenizer)
+    launch = dict(nnodes=o.nnodes, node_rank=o.node_rank, rdzv_endpoint=o.rdzv_endpoint)
+    spec = launch_spec(params, {**launch, "rdzv_backend": o.rdzv_backend, "rdzv_id": o.rdzv_id})
+    sources = _token_sources(params, o.stage, o.train_tokens, o.validation_tokens, o.synthetic)
+    if sources[0] is None and not o.dry_run:
         raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
-    run_name = f"{Path(path).stem}-{stage}"
+    run_name = f"{Path(path).stem}-{o.stage}"
     job_fields = dict(
         train_tokens=sources[0],
         validation_tokens=sources[1],
-        checkpoint_directory=checkpoint_directory or Path(params.paths.checkpoint_root) / run_name,
-        resume=resume,
-        dry_run=dry_run,
-        tokenizer=tokenizer,
+        checkpoint_directory=o.checkpoint_directory or Path(params.paths.checkpoint_root) / run_name,
+        resume=o.resume,
+        dry_run=o.dry_run,
+        tokenizer=o.tokenizer,
     )
-    track = not (no_track or dry_run)
+    track = not (o.no_track or o.dry_run)
     if spec is not None:  # several processes: this one launches them, watches, and records
-        raise typer.Exit(train_launched(params, path, stage, spec, job_fields, track))
-    train_in_process(params, path, stage, job_fields, track)
+        raise typer.Exit(train_launched(params, path, o.stage, spec, job_fields, track))
+    train_in_process(params, path, o.stage, job_fields, track)
 
 
 def train_in_process(params: Any, path: Path, stage: str, job_fields: dict[str, Any], track: bool) -> None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -31,10 +31,23 @@ from gptcore.checkpoint.writer import CheckpointWriter, Written, snapshot
 from gptcore.distributed.group import agree_on_int
 from gptcore.errors import CheckpointError
 from gptcore.tools.fingerprint import code_version
-from gptcore.train.schedule import WarmupCosine
-from gptcore.train.state import TrainState
 
 log = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+class Position(Stateful, Protocol):
+    """Where a run is (`gptcore.train.state.TrainState`): the step a resume continues from."""
+
+    step: int
+
+    @property
+    def epoch(self) -> int: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -43,9 +56,9 @@ class TrainingParts:
 
     model: torch.nn.Module  # the module itself, not its DDP or compiled wrapper
     optimizer: torch.optim.Optimizer
-    schedule: WarmupCosine
+    schedule: Stateful  # the learning-rate schedule (`gptcore.train.schedule.WarmupCosine`)
     scaler: torch.amp.GradScaler
-    state: TrainState
+    state: Position
 
 
 @dataclass(frozen=True)

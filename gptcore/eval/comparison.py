@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.errors import ConfigError, GptpipeError
+from gptcore.tools.markdown import table
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord, profile_params
 
@@ -103,12 +104,6 @@ def differing_controls(first: dict[str, str], second: dict[str, str], axis: str)
     ]
 
 
-def _format(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
-
-
 def _column(run: dict[str, Any], axis: str) -> str:
     value = run["params"].get(axis)
     return f"{value} ({run['run_id'][:8]})" if run.get("run_id") else str(value)
@@ -117,12 +112,12 @@ def _column(run: dict[str, Any], axis: str) -> str:
 def comparison_table(axis: str, runs: list[dict[str, Any]]) -> str:
     """Markdown: one row per figure, one column per run, and the second run's ratio to the first."""
     header = [f"figure ({axis})", *(_column(r, axis) for r in runs), "ratio"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for figure in FIGURES:
         values = [r["metrics"].get(figure) for r in runs]
         ratio = values[1] / values[0] if None not in values and values[0] else None
-        lines.append("| " + " | ".join([figure, *map(_format, values), _format(ratio)]) + " |")
-    return "\n".join(lines)
+        rows.append([figure, *values, ratio])
+    return table(header, rows)
 
 
 def compare_records(runs: list[dict[str, Any]], axis: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from gptcore.model.gpt import GPT
 from gptcore.model.kv_cache import KVCache
 from gptcore.model.quantization import REFERENCE, quantized, unavailable, weight_bytes
 from gptcore.runtime.memory import peak_memory_bytes, reset_peak_memory
+from gptcore.tools.markdown import cell, table
 
 OK = "ok"
 
@@ -197,30 +198,29 @@ def _against(
     )
 
 
+TRADEOFF_HEADER = [
+    "method", "size MB", "x fp32", "test loss", "Δ loss", "perplexity", "Δ ppl", "bits/byte", "greedy agree",
+    "gen tok/s", "prefill tok/s", "weights MB", "peak RSS MB",
+]  # fmt: skip
+
+
 def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
     """The table as Markdown, with the machine it was measured on under it."""
-    header = (
-        "| method | size MB | x fp32 | test loss | Δ loss | perplexity | Δ ppl | bits/byte | greedy agree "
-        "| gen tok/s | prefill tok/s | weights MB | peak RSS MB |"
-    )
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    cells = []
     for row in rows:
         if not row.measured:
-            lines.append(f"| {row.method} | {row.status} |" + " |" * 11)
+            cells.append([row.method, row.status, *[""] * (len(TRADEOFF_HEADER) - 2)])
             continue
-        lines.append(
-            f"| {row.method} | {row.size_bytes / 1e6:.2f} | {row.size_ratio:.3f} | {row.test_loss:.4f} "
-            f"| {row.test_loss_delta:+.4f} | {row.test_perplexity:.2f} | {row.test_perplexity_change:+.2%} "
-            f"| {_number(row.test_bits_per_byte, '.4f')} | {row.greedy_agreement:.1%} "
-            f"| {row.generate_tokens_per_second:.1f} | {row.prefill_tokens_per_second:.0f} "
-            f"| {row.weight_memory_bytes / 1e6:.2f} | {row.peak_rss_bytes / 1e6:.0f} |"
-        )
+        cells.append([
+            row.method, cell(row.size_bytes / 1e6, ".2f"), cell(row.size_ratio, ".3f"),
+            cell(row.test_loss, ".4f"), cell(row.test_loss_delta, "+.4f"), cell(row.test_perplexity, ".2f"),
+            cell(row.test_perplexity_change, "+.2%"), cell(row.test_bits_per_byte, ".4f"),
+            cell(row.greedy_agreement, ".1%"), cell(row.generate_tokens_per_second, ".1f"),
+            cell(row.prefill_tokens_per_second, ".0f"), cell(row.weight_memory_bytes / 1e6, ".2f"),
+            cell(row.peak_rss_bytes / 1e6, ".0f"),
+        ])  # fmt: skip
     described = ", ".join(f"{key} {value}" for key, value in machine.items())
-    return "\n".join([*lines, "", f"Measured on: {described}."])
-
-
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    return "\n".join([table(TRADEOFF_HEADER, cells), "", f"Measured on: {described}."])
 
 
 TABLE_JSON = "tradeoff.json"

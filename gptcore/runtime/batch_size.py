@@ -22,8 +22,7 @@ import torch
 
 from gptcore.config import ModelConfig
 from gptcore.errors import ConfigError, TrainingError, first_line
-from gptcore.runtime.memory import StepMemory
-from gptcore.train.guards import is_out_of_memory
+from gptcore.runtime.memory import StepMemory, is_out_of_memory
 
 MARGIN = 0.10  # the share of the memory kept free: fragmentation, a longer batch, another process
 LARGEST = 4096  # the doubling stops here even when memory is left

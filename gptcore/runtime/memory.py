@@ -221,3 +221,10 @@ class TrainingMemory:
             if self.device == "cpu"
             else f"unavailable on {self.device}: the backend keeps no peak statistic"
         )
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A CUDA out-of-memory error, or the CPU allocator's refusal."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)

@@ -130,13 +130,6 @@ class NonFiniteGuard:
         return kept_checkpoint(self.last_checkpoint)
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """A CUDA out-of-memory error, or the CPU allocator's refusal."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-
-
 def kept_checkpoint(last_checkpoint: str | None) -> str:
     """What a stopped run leaves to resume from, as the end of its message."""
     if last_checkpoint is None:

@@ -28,10 +28,9 @@ from gptcore.model.gpt import GPT
 from gptcore.runtime.batch_size import OutOfMemory, memory_budget
 from gptcore.runtime.device import Runtime, apply_runtime, device_report, resolve_runtime
 from gptcore.runtime.flops import FLOP_FORMULA, RunMeasures, Throughput
-from gptcore.runtime.memory import StepMemory, TrainingMemory, peak_memory_bytes
+from gptcore.runtime.memory import StepMemory, TrainingMemory, is_out_of_memory, peak_memory_bytes
 from gptcore.tools.fingerprint import fingerprint
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.guards import is_out_of_memory
 from gptcore.train.job import TrainJob
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from gptcore.train.setup import (

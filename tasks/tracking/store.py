@@ -25,10 +25,10 @@ DEFAULT_STORE = "mlruns/mlflow.db"
 DEFAULT_ARTIFACTS = "mlruns/artifacts"
 PROBE_SECONDS = 5.0
 # MLflow's HTTP client retries a refused connection 7 times with backoff factor 2 (minutes) and waits
-# 120 s for an answer. The run writer retries on its own and waits out outages with records buffered,
-# so its calls fail fast instead: set unless the user set them.
+# 120 s for an answer. The run writer's delivery loop is the one retry layer (it retries, then waits out
+# an outage with the records kept), so MLflow's calls fail fast instead: set unless the user set them.
 HTTP_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }

@@ -1,0 +1,77 @@
+"""A sweep's trials: one trial's result, running one in a process of its own, and the table of them.
+The sweep flow (`flows.sweep`) runs them here, or on a work pool's workers (`flows.sweep_pool`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flows.report import headline_figures
+from gptcore.sweep import Trial
+from gptcore.tools.markdown import table
+
+GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"]
+FIGURES = ("test_bits_per_byte", "final_val_loss", "tokens_per_second")  # the table's columns
+
+
+@dataclass
+class TrialResult:
+    trial: Trial
+    state: str = "pending"  # completed, failed
+    figures: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    message: str = ""
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "trial": self.trial.name,
+            "overrides": self.trial.describe(),
+            **{key: self.figures.get(key) for key in FIGURES},
+            "state": self.state,
+            "seconds": round(self.seconds, 1),
+            "message": self.message,
+        }
+
+
+def run_trial(
+    params_path: str, base: list[str], trial: Trial, parent_run_id: str | None, cancel: threading.Event
+) -> TrialResult:
+    """One trial as `gptpipe run --until evaluate` in a process of its own; its report's figures."""
+    from gptcore.tools.processes import run_process_tree
+
+    started = time.time()
+    result = TrialResult(trial)
+    overrides = [item for assignment in [*base, *trial.overrides()] for item in ("--set", assignment)]
+    description = {"parent_run_id": parent_run_id, "name": trial.name, "values": trial.values}
+    command = [*GPTPIPE, "run", "--params", params_path, *overrides, "--until", "evaluate"]
+    command += ["--trial", json.dumps(description)]
+    lines: list[str] = []
+
+    def relay(line: str) -> None:
+        lines.append(line)
+        if not line.startswith('{"stages"'):
+            print(f"[{trial.name}] {line}", file=sys.stderr, flush=True)
+
+    code = run_process_tree(command, relay, cancel=cancel)
+    result.seconds = time.time() - started
+    report = next((json.loads(line) for line in reversed(lines) if line.startswith('{"stages"')), None)
+    result.figures = headline_figures(report) if report else {}
+    result.state = "completed" if code == 0 else "failed"
+    if code != 0:
+        errors = [line for line in lines if line.startswith("error:")]
+        result.message = (errors[-1] if errors else f"exit code {code}")[:300]
+    return result
+
+
+def sweep_table(results: list[TrialResult]) -> str:
+    header = ["trial", "overrides", "test bits/byte", "val loss", "tokens/s", "state", "seconds"]
+    rows = []
+    for result in results:
+        row = result.row()
+        state = row["state"] + (f": {row['message']}" if row["message"] else "")
+        rows.append([row["trial"], row["overrides"], *(row[key] for key in FIGURES), state, row["seconds"]])
+    return table(header, rows)

@@ -1,0 +1,141 @@
+"""The shape of the tree, read from the sources: the layers import one way (gptcore knows neither
+Prefect nor MLflow; tasks know no flow), gptcore's rooms import one way, no module imports itself
+back through others, and nothing grows past the sizes a reader can hold."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("gptcore", "tasks", "flows")
+MAX_CLASS_LINES = 250
+MAX_FUNCTION_LINES = 80
+# gptcore's top level: the package, its errors and parameter schema, generation, sweeps, and the old
+# name of the model files that logged models load through (gptcore/model_files.py).
+GPTCORE_TOP = {"__init__", "config", "errors", "generate", "sweep", "model_files"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+SOURCES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imported(path: Path) -> Iterator[str]:
+    """Every module `path` imports, at the top or inside a function (`from a import b`: `a.b` when
+    that is a module, else `a`)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                yield full if full in SOURCES else node.module
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {
+        name: {target for target in imported(path) if target in SOURCES and target != name}
+        for name, path in SOURCES.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def room(module: str) -> str:
+    """`gptcore.train.trainer` -> `gptcore.train`; a top-level module is its own room."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_gptcore_rooms_import_one_way() -> None:
+    rooms: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        if name.startswith("gptcore."):
+            rooms.setdefault(room(name), set()).update(
+                room(t) for t in targets if t.startswith("gptcore.") and room(t) != room(name)
+            )
+    assert circles(rooms) == []
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [("gptcore", ("prefect", "mlflow", "tasks", "flows")), ("tasks", ("flows",))],
+)
+def test_a_layer_imports_nothing_above_it(layer: str, forbidden: tuple[str, ...]) -> None:
+    upward = [
+        f"{name} imports {target}"
+        for name, path in SOURCES.items()
+        if name.startswith(f"{layer}.") or name == layer
+        for target in imported(path)
+        if target.split(".")[0] in forbidden
+    ]
+    assert upward == []
+
+
+def test_gptcore_top_level_holds_a_handful_of_modules() -> None:
+    top = {path.stem for path in (ROOT / "gptcore").glob("*.py")}
+    assert top <= GPTCORE_TOP
+
+
+def test_no_class_or_function_outgrows_a_reader() -> None:
+    too_long = []
+    for name, path in SOURCES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            limit = {
+                ast.ClassDef: MAX_CLASS_LINES,
+                ast.FunctionDef: MAX_FUNCTION_LINES,
+                ast.AsyncFunctionDef: MAX_FUNCTION_LINES,
+            }.get(type(node))
+            if limit and node.end_lineno - node.lineno + 1 > limit:
+                too_long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []
+
+
+def test_a_flow_imports_no_command_line_module() -> None:
+    flows = {name: path for name, path in SOURCES.items() if name.startswith("flows.")}
+    upward = [
+        f"{name} imports {target}"
+        for name, path in flows.items()
+        if not name.startswith("flows.cli")
+        for target in imported(path)
+        if target.startswith("flows.cli")
+    ]
+    assert upward == []
