@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from gptcore.config import EvaluateConfig, QuantizeConfig, load_profile
+from gptcore.errors import first_line
 from gptcore.model.quantization import METHODS, cpu_features, quantized
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def compiled_speeds(model, ids: list[int], settings: QuantizeConfig) -> dict[str
             candidate.forward = torch.compile(candidate.forward, dynamic=True)
             speeds[method] = round(generation_speed(candidate, ids, settings.new_tokens, settings.repeats), 1)
         except Exception as error:  # a backend without kernels for a quantized layout
-            first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+            first = first_line(error, 120)
             speeds[method] = f"failed: {first}"
         torch._dynamo.reset()
         print(json.dumps({"compiled": method, "generate_tokens_per_second": speeds[method]}), flush=True)

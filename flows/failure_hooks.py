@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gptcore.errors import first_line
+
 log = logging.getLogger(__name__)
 # Prefect's wrapping of an exception in a state message: "Flow run encountered an exception: TrainingError: "
 PREFECT_PREFIX = re.compile(r"^(?:Flow|Task) run encountered an exception:?\s*(?:[A-Za-z_][\w.]*:\s*)?")
@@ -56,7 +58,7 @@ def describe_failure(
     if parameters.get("until"):
         command += ["--until", str(parameters["until"])]
     stage = failed_task.rsplit("-", 1)[0] if failed_task else "before any stage"
-    first = message.strip().splitlines()[0] if message.strip() else state
+    first = first_line(message) or state
     reason = PREFECT_PREFIX.sub("", first)[:500]
     return Failure(
         stage, reason, str(_latest_checkpoint(params_path, overrides) or "none"), shlex.join(command), state

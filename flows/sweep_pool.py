@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from flows.trials import TrialResult
+from gptcore.errors import first_line
 from gptcore.sweep import Trial
 
 DEPLOYMENT = "sweep-trial"
@@ -79,7 +80,7 @@ def _wait(trial: Trial, run_id: Any, started: float, parent: str | None, session
     result = TrialResult(trial, seconds=time.time() - started)
     result.state = "completed" if run.state.type.value == "COMPLETED" else "failed"
     if result.state == "failed":
-        result.message = (run.state.message or run.state.name).strip().splitlines()[0][:300]
+        result.message = first_line(run.state.message or run.state.name, 300)
     result.figures = _trial_figures(session, parent, trial)
     print(f"[{trial.name}] {run.state.name} (flow run {run_id})", file=sys.stderr, flush=True)
     return result

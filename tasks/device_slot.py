@@ -2,9 +2,9 @@
 started it, holds its device's slot for as long as it trains.
 
 Two locks, taken in this order:
-1. A machine-wide file lock per device (`flock` on `<temp dir>/gptpipe-device-cpu.lock`): trainings on
-   this machine take turns whatever Prefect server they talk to, and the kernel lets go of it when its
-   holder dies, even by `kill -9`.
+1. A machine-wide file lock per device (`<temp dir>/gptpipe-device-cpu.lock`, `gptcore.tools.locks`):
+   trainings on this machine take turns whatever Prefect server they talk to, and the kernel lets go of
+   it when its holder dies, even by `kill -9`.
 2. The Prefect global concurrency limit of the device (`gptpipe-device-cpu`, `gptpipe-device-cuda-<i>`),
    created on first use with one slot: what the Prefect UI shows, and what keeps trainings on several
    machines that share one device name apart. A limit someone changed (more slots, inactive) is used as
@@ -19,13 +19,13 @@ checkpoint directory's lock (`gptcore.checkpoint.lock`) stays as a further guard
 
 from __future__ import annotations
 
-import fcntl
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from gptcore.tools.locks import HeldLock
 
 PREFIX = "gptpipe-device"
 LEASE_SECONDS = 60  # Prefect's shortest; renewed while held: a killed holder's slot returns in a minute
@@ -66,22 +66,17 @@ def device_slot(device: str, processes: int = 1, announce: Callable[[str], None]
 
 @contextmanager
 def _machine_lock(name: str, on_wait: Callable[[], None]) -> Iterator[None]:
-    """The machine-wide file lock of one device limit; `on_wait` is called when it has to be waited for."""
-    path = Path(tempfile.gettempdir()) / f"{name}.lock"
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")  # who holds it, for a person looking
-            handle.flush()
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """The machine-wide file lock of one device limit (its holder recorded beside it, for a person
+    looking); `on_wait` is called when it has to be waited for."""
+    lock = HeldLock(Path(tempfile.gettempdir()) / f"{name}.lock")
+    if not lock.try_acquire():
+        on_wait()
+        lock.acquire()
+    try:
+        lock.write_holder()
+        yield
+    finally:
+        lock.release()
 
 
 def _local_server() -> bool:

@@ -8,7 +8,9 @@ MLflow. Only the device check runs every time.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gptcore.config import PipelineParams
 from tasks.caching import StageOutcome, run_cached
@@ -121,6 +123,30 @@ def full(
     return outcome
 
 
+@dataclass(frozen=True)
+class ReadCheckpoint:
+    """What the stages after training share: the checkpoint they read, its digest (part of their cache
+    key, so a retrained checkpoint misses), and the device they run on (None: one that needs none)."""
+
+    checkpoint: Path
+    digest: str
+    device: str | None = None
+
+    @classmethod
+    def of(cls, full: StageOutcome, checkpoint: Path, device: StageOutcome | None = None) -> ReadCheckpoint:
+        digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
+        return cls(checkpoint, digest, device.result.runtime["device"] if device is not None else None)
+
+    def run(
+        self, name: str, stage_task: Any, result_type: type, fingerprint: str, params: PipelineParams,
+        tokens: StageOutcome,
+    ) -> StageOutcome:  # fmt: skip
+        """The stage through the cache, on this checkpoint (and device, when it has one)."""
+        on_device = {} if self.device is None else {"device": self.device}
+        arguments = dict(params=params, tokens=tokens.result, checkpoint=str(self.checkpoint), **on_device)
+        return run_cached(name, stage_task, result_type, fingerprint=fingerprint, **arguments)
+
+
 def evaluate(
     params: PipelineParams,
     tokens: StageOutcome,
@@ -129,21 +155,12 @@ def evaluate(
     tracking: PipelineRecorder,
 ) -> StageOutcome:
     checkpoint = evaluate_stage.evaluated_checkpoint(params, full.result)
-    digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
-    where = device.result.runtime["device"]
-    outcome = run_cached(
-        "evaluate",
-        evaluate_stage.evaluate_task,
-        EvaluateResult,
-        fingerprint=evaluate_stage.evaluate_fingerprint(params, tokens.result, digest, where),
-        params=params,
-        tokens=tokens.result,
-        checkpoint=str(checkpoint),
-        device=where,
-    )
+    read = ReadCheckpoint.of(full, checkpoint, device)
+    fingerprint = evaluate_stage.evaluate_fingerprint(params, tokens.result, read.digest, read.device)
+    outcome = read.run("evaluate", evaluate_stage.evaluate_task, EvaluateResult, fingerprint, params, tokens)
     bits = outcome.figures.get("test_bits_per_byte")
     if bits is not None:
-        registration = tracking.register_evaluated(registered_name(params), checkpoint, digest, bits)
+        registration = tracking.register_evaluated(registered_name(params), checkpoint, read.digest, bits)
         if registration is not None:
             figures = {**outcome.figures, **registration.figures()}
             outcome.result = outcome.result.model_copy(update={"figures": figures})
@@ -160,17 +177,9 @@ def export(
 ) -> StageOutcome:
     if not params.export.hf:
         return _skipped("export", "export.hf is off in the parameter file", tracking)
-    checkpoint = Path(evaluate.result.checkpoint)
-    digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
-    outcome = run_cached(
-        "export",
-        export_stage.export_task,
-        ExportResult,
-        fingerprint=export_stage.export_fingerprint(digest),
-        params=params,
-        tokens=tokens.result,
-        checkpoint=str(checkpoint),
-    )
+    read = ReadCheckpoint.of(full, Path(evaluate.result.checkpoint))
+    fingerprint = export_stage.export_fingerprint(read.digest)
+    outcome = read.run("export", export_stage.export_task, ExportResult, fingerprint, params, tokens)
     tracking.record_stage(outcome)
     return outcome
 
@@ -185,22 +194,12 @@ def quantize(
 ) -> StageOutcome:
     if not params.quantize.methods:
         return _skipped("quantize", "quantize.methods is empty in the parameter file", tracking)
-    checkpoint = Path(evaluate.result.checkpoint)
-    digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
-    where = device.result.runtime["device"]
-    outcome = run_cached(
-        "quantize",
-        quantize_stage.quantize_task,
-        QuantizeResult,
-        fingerprint=quantize_stage.quantize_fingerprint(params, tokens.result, digest, where),
-        params=params,
-        tokens=tokens.result,
-        checkpoint=str(checkpoint),
-        device=where,
-    )
+    read = ReadCheckpoint.of(full, Path(evaluate.result.checkpoint), device)
+    fingerprint = quantize_stage.quantize_fingerprint(params, tokens.result, read.digest, read.device)
+    outcome = read.run("quantize", quantize_stage.quantize_task, QuantizeResult, fingerprint, params, tokens)
     if outcome.result is not None:
         registrations = tracking.record_quantized(
-            registered_name(params), outcome.result, digest, params.quantize.may_hold_champion
+            registered_name(params), outcome.result, read.digest, params.quantize.may_hold_champion
         )
         figures = dict(outcome.figures)
         for method, registration in registrations.items():

@@ -5,6 +5,7 @@ back through others, and nothing grows past the sizes a reader can hold."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +140,8 @@ def test_a_flow_imports_no_command_line_module() -> None:
         if target.startswith("flows.cli")
     ]
     assert upward == []
+
+
+def test_gptcore_errors_name_no_upper_layer_not_even_in_a_string() -> None:
+    text = (ROOT / "gptcore" / "errors.py").read_text(encoding="utf-8")
+    assert re.findall(r"\b(?:tasks|flows|prefect|mlflow)\b", text, re.IGNORECASE) == []

@@ -281,13 +281,3 @@ def test_gptpipe_quantize_measures_a_registered_model_and_registers_its_quantize
     assert main([*quantize, "--model", "models:/gpt-cli@champion", "--methods", "int4"]) != 0
     error = capsys.readouterr().err.strip()
     assert error.endswith("--methods 'int4': expected one of fp32, bf16, int8-weight-only, int8-dynamic")
-
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def test_a_model_logged_before_gptcore_moved_into_subpackages_loads_and_completes_as_it_did() -> None:
-    logged = FIXTURES / "model_logged_before_issue_27"  # its loader imports gptcore.generate, .model_files
-    expected = json.loads((logged / "expected.json").read_text())
-    model = mlflow.pyfunc.load_model(str(logged))
-    assert model.predict(expected["prompts"], params=expected["params"]) == expected["completions"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcore.checkpoint.lock import LOCK_NAME, RunLock, read_holder
+from gptcore.checkpoint.lock import HOLDER_NAME, RunLock, read_holder
 from gptcore.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def test_the_same_directory_cannot_be_locked_twice_even_in_one_process(tmp_path:
 
 def test_an_unreadable_record_still_refuses_while_held(tmp_path: Path) -> None:
     with RunLock(tmp_path):
-        (tmp_path / LOCK_NAME).write_text("\x00garbage")
+        (tmp_path / HOLDER_NAME).write_text("\x00garbage")
         with pytest.raises(CheckpointError, match="unreadable lock record"):
             RunLock(tmp_path).acquire()
 

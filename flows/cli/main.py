@@ -15,8 +15,9 @@ import sys
 import click
 import typer
 
+from flows.cli.dependencies import missing_dependency
 from flows.gc_tuning import freeze_before_exit
-from gptcore.errors import GptpipeError, missing_dependency
+from gptcore.errors import GptpipeError
 from gptcore.runtime.malloc import tune_malloc
 
 # typer >= 0.2x raises its own vendored click's exceptions, not the installed click's: catch both.

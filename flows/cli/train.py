@@ -17,7 +17,7 @@ import typer
 from flows.cli.options import batch_size_value, command_of, json_lines_only, resolve_params
 from flows.train_launch import launch_spec, nproc_value
 from gptcore.config import Device, Precision, TrainingStage, choice
-from gptcore.errors import ConfigError
+from gptcore.errors import ConfigError, first_line
 
 
 def device_command(
@@ -129,6 +129,14 @@ def preflight_inputs(
         check_tokenizer(tokenizer, vocab, tuple(streams))
 
 
+# The flags that override a parameter-file key as they are (`parameter_overrides` maps each to its key).
+OVERRIDE_FLAGS = (
+    "device", "precision", "grad_accum", "effective_batch_size", "activation_checkpointing", "workers",
+    "epochs", "max_steps", "training_examples", "validation_examples", "log_every", "eval_every",
+    "checkpoint_every",
+)  # fmt: skip
+
+
 @dataclass
 class TrainOptions:
     """`gptpipe train`'s flags, one field each (`command_of` makes the command of them)."""
@@ -184,24 +192,8 @@ def train_command(o: TrainOptions) -> None:
     for flag, value, allowed in (("--device", o.device, Device), ("--precision", o.precision, Precision)):
         if value is not None:
             choice(flag, value, allowed)
-    flags = dict(
-        device=o.device,
-        precision=o.precision,
-        batch_size=batch_size_value(o.batch_size),
-        grad_accum=o.grad_accum,
-        effective_batch_size=o.effective_batch_size,
-        activation_checkpointing=o.activation_checkpointing,
-        workers=o.workers,
-        compile=o.compile_,
-        epochs=o.epochs,
-        max_steps=o.max_steps,
-        training_examples=o.training_examples,
-        validation_examples=o.validation_examples,
-        log_every=o.log_every,
-        eval_every=o.eval_every,
-        checkpoint_every=o.checkpoint_every,
-        nproc=nproc_value(o.nproc),
-    )
+    flags = {name: getattr(o, name) for name in OVERRIDE_FLAGS}
+    flags.update(batch_size=batch_size_value(o.batch_size), compile=o.compile_, nproc=nproc_value(o.nproc))
     overrides = [*o.set_, *parameter_overrides(o.stage, flags)]
     path, params = resolve_params(o.params_file, o.iteration, overrides)
     preflight_inputs(params, o.train_tokens, o.validation_tokens, o.tokenizer)
@@ -317,5 +309,5 @@ def _generate_from_model(
     try:
         completion = loaded.predict([prompt], params=settings)[0]
     except MlflowException as error:
-        raise ConfigError(str(error.message).splitlines()[0]) from None
+        raise ConfigError(first_line(str(error.message))) from None
     return {"model": uri, "prompt": prompt, "completion": completion}

@@ -24,7 +24,7 @@ import datasets
 
 from gptcore.config import CorpusConfig
 from gptcore.errors import ConfigError, DataError
-from gptcore.tools.fingerprint import code_version_of, fingerprint
+from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 
 BUILTIN_STDLIB = "builtin:python-stdlib"
 SPLITS = ("train", "validation", "test")
@@ -206,7 +206,7 @@ def corpus_fingerprint(cfg: CorpusConfig, cache_dir: Path | None = None) -> str:
 
 def _sha256_file(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)  # in 1 MiB pieces: a corpus file of gigabytes is never held whole
     except OSError as error:
         raise DataError(f"{path}: cannot read corpus file ({error.strerror})") from None
 

@@ -26,6 +26,7 @@ import torch
 
 from gptcore.config import EvaluateConfig, QuantizeConfig
 from gptcore.data.tokenfile import TokenStream
+from gptcore.errors import first_line
 from gptcore.eval.held_out import held_out_prompts, stream_bits_per_byte, summed_nats
 from gptcore.export.model_files import write_model_files
 from gptcore.generate import sample
@@ -106,7 +107,7 @@ def measure_tradeoff(
         except (NotImplementedError, RuntimeError) as error:  # no kernel for this method here
             if method == REFERENCE:
                 raise  # nothing to compare against: not a skip
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            first = first_line(error)
             rows.append(TradeoffRow(method, f"skipped: {first[:200]}"))
             continue
         if method == REFERENCE:

@@ -23,7 +23,7 @@ import torch
 from gptcore.checkpoint.manager import TrainingParts
 from gptcore.data.batches import BatchLoader, StepPlan
 from gptcore.distributed.group import all_reduce_mean, grad_scaler
-from gptcore.errors import GptpipeError, TrainingError
+from gptcore.errors import GptpipeError, TrainingError, first_line
 from gptcore.model.gpt import GPT
 from gptcore.runtime.batch_size import OutOfMemory, memory_budget
 from gptcore.runtime.device import Runtime, apply_runtime, device_report, resolve_runtime
@@ -63,7 +63,7 @@ def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> dict[str,
         events.on_failure(str(error))
         raise
     except BaseException as error:
-        events.on_failure(f"{type(error).__name__}: {error}".splitlines()[0])
+        events.on_failure(first_line(f"{type(error).__name__}: {error}"))
         raise
 
 

@@ -1,0 +1,58 @@
+"""A package a command imports that is not installed: one line naming it, the pip line that installs it
+(the project's own requirement), and any way around it."""
+
+from __future__ import annotations
+
+from gptcore.errors import GptpipeError
+
+
+class MissingDependency(GptpipeError):
+    """A package the command imports is not installed: named, with the pip line and any way around it."""
+
+    exit_code = 1
+
+
+# Where an import name is not the name pip installs.
+_DISTRIBUTIONS = {"yaml": "pyyaml", "google": "protobuf"}
+# What a user can do without the package, where something runs without it.
+_WAYS_AROUND = {
+    "mlflow": "or add --no-track (gptpipe train, gptpipe compare) to run without MLflow",
+    "prefect": "or use gptpipe train, or gptpipe compare --no-track, which run without Prefect",
+}
+_PROJECT_PACKAGES = ("gptcore", "tasks", "flows")
+
+
+def missing_dependency(error: ModuleNotFoundError) -> MissingDependency | None:
+    """The one-line error for an import of a package that is not installed; None for the project's own
+    modules (a missing one of those is a broken checkout, whose traceback is the useful answer)."""
+    module = (error.name or "").split(".")[0]
+    if not module or module in _PROJECT_PACKAGES:
+        return None
+    package = _DISTRIBUTIONS.get(module, module.replace("_", "-"))
+    requirement = _requirement(package)
+    message = f"the Python package {package!r} is not installed: pip install '{requirement}'"
+    if module in _WAYS_AROUND:
+        message += f", {_WAYS_AROUND[module]}"
+    return MissingDependency(message)
+
+
+def _requirement(package: str) -> str:
+    """The project's own requirement for the package (pyproject.toml), else its bare name."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return package
+    wanted = re.sub(r"[-_.]+", "-", package).lower()
+    requirements = [*project.get("dependencies", [])]
+    for extra in project.get("optional-dependencies", {}).values():
+        requirements.extend(extra)
+    for requirement in requirements:
+        name = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+        if re.sub(r"[-_.]+", "-", name).lower() == wanted:
+            return requirement
+    return package
