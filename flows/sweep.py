@@ -5,9 +5,10 @@ The data stages run once first (`end_to_end` up to the device check); each trial
 --until evaluate` with its overrides, in a process of its own, so every trial takes the data stages from
 the cache, trains into its own checkpoint directory (its fingerprint differs) and is recorded as a child
 run of the sweep's run with the swept keys as `sweep.<key>` params. Up to `parallel` trials run at once;
-the device's concurrency slot (`tasks.device_slot`) still lets only one of them train on a device at a
-time. Run again, a sweep takes finished trials from the cache and resumes an interrupted one from its
-checkpoint. Each trial's evaluate stage registers its model, so the best one holds `@champion`.
+the device's concurrency slot (`tasks.device_slot`) still lets only one of them train or evaluate on a
+machine's device at a time. Run again, a sweep takes finished trials from the cache and resumes an
+interrupted one from its checkpoint. Each trial's evaluate stage registers its model, so the best one
+holds `@champion`.
 """
 
 from __future__ import annotations

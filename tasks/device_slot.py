@@ -1,14 +1,15 @@
-"""One training per device: every smoke and full training, whether a sweep, `gptpipe run` or a deployment
-started it, holds its device's slot for as long as it trains.
+"""One computation per device: every stage that computes on a device (smoke and full training, evaluate,
+quantize), whether a sweep, `gptpipe run` or a deployment started it, holds that device's slot while it
+computes, so its figures are measured alone.
 
-Two locks, taken in this order:
-1. A machine-wide file lock per device (`<temp dir>/gptpipe-device-cpu.lock`, `gptcore.tools.locks`):
-   trainings on this machine take turns whatever Prefect server they talk to, and the kernel lets go of
-   it when its holder dies, even by `kill -9`.
-2. The Prefect global concurrency limit of the device (`gptpipe-device-cpu`, `gptpipe-device-cuda-<i>`),
-   created on first use with one slot: what the Prefect UI shows, and what keeps trainings on several
-   machines that share one device name apart. A limit someone changed (more slots, inactive) is used as
-   it is.
+A device is a machine's: the slot's names carry the machine (`gptpipe-device-<machine>-cpu`,
+`gptpipe-device-<machine>-cuda-<i>`; the host name, or `GPTPIPE_MACHINE`), so trainings on two machines
+that share a Prefect server run at once, and two on one machine take turns. Two locks, in this order:
+1. A machine-wide file lock per device (`/tmp/gptpipe-device-<machine>-cpu.lock`, `gptcore.tools.locks`):
+   processes of this machine take turns whatever Prefect server they talk to and whatever their `TMPDIR`
+   says, and the kernel lets go of it when its holder dies, even by `kill -9`.
+2. The Prefect global concurrency limit of the same name, created on first use with one slot: what the
+   Prefect UI shows. A limit someone changed (more slots, inactive) is used as it is.
 
 A holder killed outright leaves its Prefect slot taken until the server's lease expires (60 s, renewed
 while held), and a temporary Prefect server (the one `gptpipe run` starts, which runs no lease reaper)
@@ -19,6 +20,9 @@ checkpoint directory's lock (`gptcore.checkpoint.lock`) stays as a further guard
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -30,22 +34,34 @@ from gptcore.tools.locks import HeldLock
 PREFIX = "gptpipe-device"
 LEASE_SECONDS = 60  # Prefect's shortest; renewed while held: a killed holder's slot returns in a minute
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MACHINE_VARIABLE = "GPTPIPE_MACHINE"  # the machine's name in slot names; the host name by default
+# Not $TMPDIR: two processes of one machine with different temporary folders must meet at one lock.
+MACHINE_LOCKS = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
 
 
-def device_limit_names(device: str, processes: int = 1) -> list[str]:
-    """The limits a training on `device` with `processes` local processes holds: one per GPU it uses."""
+def machine_name() -> str:
+    """This machine's name as a slot's names hold it: `GPTPIPE_MACHINE`, else the host name; lowercase
+    letters, digits and dashes."""
+    name = os.environ.get(MACHINE_VARIABLE) or socket.gethostname()
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "machine"
+
+
+def device_limit_names(device: str, processes: int = 1, machine: str | None = None) -> list[str]:
+    """The limits a computation on `device` with `processes` local processes holds: one per GPU it uses,
+    each named after this machine (or `machine`)."""
+    prefix = f"{PREFIX}-{machine or machine_name()}"
     if device == "cuda":
-        return [f"{PREFIX}-cuda-{index}" for index in range(processes)]
-    return [f"{PREFIX}-{device}"]
+        return [f"{prefix}-cuda-{index}" for index in range(processes)]
+    return [f"{prefix}-{device}"]
 
 
 @contextmanager
 def device_slot(device: str, processes: int = 1, announce: Callable[[str], None] = print) -> Iterator[None]:
-    """Hold the device's slot for the block; when another training holds it, say so and wait."""
+    """Hold the device's slot for the block; when another computation holds it, say so and wait."""
     from prefect.concurrency.sync import concurrency
 
     names = device_limit_names(device, processes)
-    waiting = f"waiting for {', '.join(names)}: another training holds the device"
+    waiting = f"waiting for {', '.join(names)}: another training or evaluation holds the device"
     with ExitStack() as held:
         for name in names:
             held.enter_context(_machine_lock(name, lambda: announce(waiting)))
@@ -68,7 +84,7 @@ def device_slot(device: str, processes: int = 1, announce: Callable[[str], None]
 def _machine_lock(name: str, on_wait: Callable[[], None]) -> Iterator[None]:
     """The machine-wide file lock of one device limit (its holder recorded beside it, for a person
     looking); `on_wait` is called when it has to be waited for."""
-    lock = HeldLock(Path(tempfile.gettempdir()) / f"{name}.lock")
+    lock = HeldLock(MACHINE_LOCKS / f"{name}.lock")
     if not lock.try_acquire():
         on_wait()
         lock.acquire()

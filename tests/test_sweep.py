@@ -12,6 +12,7 @@ import pytest
 from gptcore.config import SweepConfig, load_params
 from gptcore.errors import ConfigError
 from gptcore.sweep import expand, parse_grid, validate_trials
+from tasks.device_slot import device_limit_names
 
 REPO = Path(__file__).resolve().parent.parent
 ITERATION_1 = REPO / "params" / "iteration_1.yaml"
@@ -134,4 +135,4 @@ def test_a_sweep_builds_the_data_once_and_trains_one_trial_at_a_time_on_one_devi
     )
     assert len(spans) == 6  # a smoke and a full training per trial
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
-    assert "waiting for gptpipe-device-cpu" in done.stderr
+    assert f"waiting for {device_limit_names('cpu')[0]}" in done.stderr

@@ -77,17 +77,20 @@ def evaluate_fingerprint(params: PipelineParams, tokens: TokensResult, digest: s
 def evaluate_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str
 ) -> EvaluateResult:
-    """Test loss, perplexity and bits per byte of the checkpoint, beside the unigram baseline; samples."""
+    """Test loss, perplexity and bits per byte of the checkpoint, beside the unigram baseline; samples.
+    Computed holding the device's slot (`tasks.device_slot`), as training does."""
     from gptcore.eval.held_out import evaluate_held_out
+    from tasks.device_slot import device_slot
 
-    record = evaluate_held_out(
-        Path(checkpoint),
-        Path(tokens.train),
-        Path(tokens.test),
-        Path(tokens.tokenizer_path),
-        params.evaluate,
-        device,
-    )
+    with device_slot(device, announce=announce):  # alone on the device: no training beside it
+        record = evaluate_held_out(
+            Path(checkpoint),
+            Path(tokens.train),
+            Path(tokens.test),
+            Path(tokens.tokenizer_path),
+            params.evaluate,
+            device,
+        )
     folder = run_directory(params, "evaluate", fingerprint)
     folder.mkdir(parents=True, exist_ok=True)
     evaluation = write_json_atomic(folder / EVALUATION_FILE, record.to_dict())

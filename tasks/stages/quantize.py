@@ -48,25 +48,28 @@ def quantize_fingerprint(params: PipelineParams, tokens: TokensResult, digest: s
 def quantize_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str
 ) -> QuantizeResult:
-    """Each method's quantized model files and its row of the trade-off table."""
+    """Each method's quantized model files and its row of the trade-off table, measured holding the
+    device's slot (`tasks.device_slot`): generation speed beside a training is no figure."""
     from gptcore.checkpoint.load import load_model
     from gptcore.data.tokenfile import open_tokens
     from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown, write_tradeoff
     from gptcore.export.model_files import model_files_in
     from gptcore.model.quantization import cpu_features
+    from tasks.device_slot import device_slot
 
-    model, _ = load_model(Path(checkpoint), device)
     folder = run_directory(params, "quantize", fingerprint)
-    rows = measure_tradeoff(
-        model,
-        list(params.quantize.methods),
-        open_tokens(Path(tokens.test)),
-        Path(tokens.tokenizer_path),
-        params.quantize,
-        params.evaluate,
-        folder,
-        device,
-    )
+    with device_slot(device, announce=announce):  # its speed columns are measured alone on the device
+        model, _ = load_model(Path(checkpoint), device)
+        rows = measure_tradeoff(
+            model,
+            list(params.quantize.methods),
+            open_tokens(Path(tokens.test)),
+            Path(tokens.tokenizer_path),
+            params.quantize,
+            params.evaluate,
+            folder,
+            device,
+        )
     machine = cpu_features()
     written = write_tradeoff(rows, machine, folder)
     model_folders = {row.method: str(folder / row.method) for row in rows if row.measured}
