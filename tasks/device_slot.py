@@ -65,17 +65,8 @@ def device_slot(device: str, processes: int = 1, announce: Callable[[str], None]
     with ExitStack() as held:
         for name in names:
             held.enter_context(_machine_lock(name, lambda: announce(waiting)))
-        ensure_limits(names, reclaim=_local_server())
-        taken = False
-        try:
-            with concurrency(names, occupy=1, timeout_seconds=0.5, strict=True, lease_duration=LEASE_SECONDS):
-                taken = True
-                yield
-            return
-        except TimeoutError:
-            if taken:
-                raise  # the training's own, not the wait for the slot
-        announce(waiting)  # a holder on another machine that shares this server
+        if not ensure_limits(names, reclaim=_local_server()):
+            announce(waiting)  # a holder elsewhere that shares this server (a machine of the same name)
         with concurrency(names, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
             yield
 
@@ -103,14 +94,16 @@ def _local_server() -> bool:
     return urlsplit(url).hostname in LOOPBACK
 
 
-def ensure_limits(names: list[str], reclaim: bool = False) -> None:
+def ensure_limits(names: list[str], reclaim: bool = False) -> bool:
     """Create each missing limit with one slot (two processes racing to create one both succeed). With
     `reclaim` (the caller holds the machine's locks and the server is local), slots still taken are
-    ones their dead holders leaked: they are given back."""
+    ones their dead holders leaked: they are given back. Returns whether every limit has a slot free
+    now (read, not taken: only whether to say that the caller waits)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
+    free = True
     with get_client(sync_client=True) as client:
         for name in names:
             try:
@@ -121,3 +114,6 @@ def ensure_limits(names: list[str], reclaim: bool = False) -> None:
                 continue
             if reclaim and limit.active_slots > 0:
                 client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
+                continue
+            free = free and (not limit.active or limit.active_slots < limit.limit)
+    return free

@@ -134,6 +134,7 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     assert full["figures"]["final_val_loss"] < full["figures"]["unigram_val_loss"] + 2.0
     assert all(Path(path).is_file() for path in full["outputs"])
     assert "tokens/s measured" in first.stderr and "estimated at" in first.stderr
+    assert "waiting for" not in first.stderr  # one pipeline's stages hand the device on, nobody waits
     evaluation = stages_of(first)["evaluate"]
     figures = evaluation["figures"]
     assert 0 < figures["test_loss"] < figures["unigram_test_loss"] + 2.0
