@@ -22,6 +22,7 @@ import torch
 
 from gptcore.config import ModelConfig
 from gptcore.errors import ConfigError, TrainingError, first_line
+from gptcore.runtime.device import Runtime
 from gptcore.runtime.memory import StepMemory, is_out_of_memory
 
 MARGIN = 0.10  # the share of the memory kept free: fragmentation, a longer batch, another process
@@ -37,8 +38,8 @@ class BatchChoice:
     source: str  # "configured", "probed" (CUDA) or "estimated" (from the memory estimate)
     figures: dict[str, Any] = field(default_factory=dict)
 
-    def applied_to(self, runtime: Any) -> Any:
-        """`runtime` (a `Runtime`) training with this batch and accumulation."""
+    def applied_to(self, runtime: Runtime) -> Runtime:
+        """`runtime` training with this batch and accumulation."""
         return replace(
             runtime,
             batch_size=self.batch_size,

@@ -17,13 +17,13 @@ import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from gptcore.config import ModelConfig
-from gptcore.model.gpt import LOSS_CHUNK_TOKENS
+from gptcore.model.gpt import GPT, LOSS_CHUNK_TOKENS
 from gptcore.runtime import malloc as host_memory
+from gptcore.runtime.device import Runtime
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
@@ -70,8 +70,8 @@ class StepMemory:
     checkpoint_snapshot: bool = False  # a host copy of weights and moments while a checkpoint is written
 
     @classmethod
-    def for_run(cls, model: Any, runtime: Any, checkpoint_snapshot: bool = False) -> StepMemory:
-        """The step memory of `model` (a GPT) trained with `runtime` (a `Runtime`)."""
+    def for_run(cls, model: GPT, runtime: Runtime, checkpoint_snapshot: bool = False) -> StepMemory:
+        """The step memory of `model` trained with `runtime`."""
         return cls(
             model.config,
             model.parameter_count(),

@@ -8,7 +8,6 @@ also reports the unigram baseline (the loss a model that ignores context reaches
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +15,7 @@ import torch
 from gptcore.data.batches import BatchLoader, ExampleSet, unigram_loss
 from gptcore.distributed.group import all_reduce_sum, rank_range
 from gptcore.runtime.device import Runtime
+from gptcore.train.job import TrainJob
 from gptcore.train.records import EvalRecord
 
 
@@ -42,9 +42,9 @@ class Evaluator:
 
     @classmethod
     def for_job(
-        cls, job: Any, validation: ExampleSet | None, train: ExampleSet | None, runtime: Runtime
+        cls, job: TrainJob, validation: ExampleSet | None, train: ExampleSet | None, runtime: Runtime
     ) -> Evaluator:
-        """The evaluator of `job` (a `TrainJob`): its training section's schedule, its rank's share."""
+        """The evaluator of `job`: its training section's schedule, its rank's share."""
         t = job.training
         return cls(validation, train, runtime, t.eval_every, t.eval_at_start, job.world_size, job.rank)
 
