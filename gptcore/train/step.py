@@ -40,7 +40,8 @@ def accumulate_gradients(
 
 
 class OptimizerStep:
-    """`step(batches, index, needs_norm)`: the gradients of the next global batch, clipped and applied.
+    """`optimizer_step(batches, index, logging)`: the gradients of the next global batch, clipped and
+    applied at step `index`'s rate (`logging`: the norm is wanted for the log line).
     Returns the summed micro-batch loss and the gradient norm (None when nobody needs it), both on the
     device: reading them is the guard's and the log's business, when they choose."""
 
