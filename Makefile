@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 		echo "installing the CPU build of torch ($(TORCH_SPEC))"; \
 		$(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
 	fi
-	$(PIP) install -q -e '.[dev,hf,quant]'
+	$(PIP) install -q -e '.[dev,hf,quant,team]'
 	@touch $(STAMP)
 
 run: setup

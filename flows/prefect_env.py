@@ -12,6 +12,7 @@ launches it first so that it comes up while torch and the stage code import.
 from __future__ import annotations
 
 import atexit
+import base64
 import logging
 import os
 import socket
@@ -19,10 +20,12 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gptcore.errors import ConfigError
 from gptcore.tools.processes import LAUNCHER_PID_VARIABLE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -122,8 +125,11 @@ class TemporaryServer:
         os.environ["PREFECT_API_URL"] = self.api_url
 
     def wait(self) -> None:
-        """Block until the server answers its health check."""
+        """Block until the server answers its health check; a configured server is checked instead."""
         if self.process is None or self.api_url is None:
+            configured = os.environ.get("PREFECT_API_URL")
+            if configured:
+                check_configured_server(configured)
             return
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
@@ -141,6 +147,38 @@ class TemporaryServer:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()  # uvicorn shuts down cleanly on SIGTERM; no need to wait for it
         self.process = None
+
+
+def check_configured_server(api_url: str) -> None:
+    """The server PREFECT_API_URL names answers, and takes PREFECT_API_AUTH_STRING: else one line that
+    says which and what to set (Prefect's own client would retry, then print a traceback)."""
+    from tasks.tracking.store import redact
+
+    shown = redact(api_url)
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=10):
+            pass
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise ConfigError(
+            f"PREFECT_API_URL {shown} is unreachable ({getattr(error, 'reason', error)}): start the server "
+            "(gptpipe servers), fix PREFECT_API_URL, or unset it to run on a temporary server"
+        ) from None
+    request = urllib.request.Request(f"{api_url.rstrip('/')}/admin/version")
+    auth_string = os.environ.get("PREFECT_API_AUTH_STRING")
+    if auth_string:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth_string.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+    except urllib.error.HTTPError as error:
+        if error.code != 401:
+            return  # answered; whatever else is wrong, Prefect's client says it better
+        if auth_string:
+            message = f"Prefect server {shown} refused PREFECT_API_AUTH_STRING (not its auth string)"
+            raise ConfigError(message) from None
+        raise ConfigError(
+            f"Prefect server {shown} asks for credentials: set PREFECT_API_AUTH_STRING to its auth string"
+        ) from None
 
 
 def _free_port() -> int:

@@ -67,8 +67,8 @@ CEILING = 120  # against a hang only: a slot is taken in about a second
 class Holder:
     """A process holding `device`'s slot until `release` exists, its JSON lines read as they come."""
 
-    def __init__(self, device: str, release: Path, env: dict[str, str]) -> None:
-        command = [sys.executable, "-c", HOLD_UNTIL, device, str(release)]
+    def __init__(self, device: str, release: Path, env: dict[str, str], prefix: list[str] = ()) -> None:
+        command = [*prefix, sys.executable, "-c", HOLD_UNTIL, device, str(release)]
         self.process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
         self.lines: list[dict] = []
 

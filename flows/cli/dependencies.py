@@ -13,7 +13,7 @@ class MissingDependency(GptpipeError):
 
 
 # Where an import name is not the name pip installs.
-_DISTRIBUTIONS = {"yaml": "pyyaml", "google": "protobuf"}
+_DISTRIBUTIONS = {"yaml": "pyyaml", "google": "protobuf", "psycopg": "psycopg[binary]"}
 # What a user can do without the package, where something runs without it.
 _WAYS_AROUND = {
     "mlflow": "or add --no-track (gptpipe train, gptpipe compare) to run without MLflow",

@@ -46,6 +46,7 @@ def _register_commands() -> None:
         return
     from flows.cli.models import export_command, quantize_command, serve_command
     from flows.cli.pipeline import run, sweep_command
+    from flows.cli.servers import servers_command
     from flows.cli.tracking import compare_command, replay_command, ui_command
     from flows.cli.train import device_command, generate_command, train_command
 
@@ -60,6 +61,7 @@ def _register_commands() -> None:
         ("quantize", quantize_command),
         ("ui", ui_command),
         ("compare", compare_command),
+        ("servers", servers_command),
     ):
         app.command(name)(command)
     tracking = typer.Typer(name="tracking", help="The tracking records of runs whose store was away.")

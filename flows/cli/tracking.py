@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from flows.cli.options import resolve_params
+from flows.servers import server_environment
 from gptcore.config import ConcretePrecision, choice
 from gptcore.errors import ConfigError
 
@@ -22,20 +23,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
-
-
-def server_environment(jobs: bool = False) -> dict[str, str]:
-    """The MLflow server's environment. Its job runner (eight more processes that run MLflow's GenAI jobs:
-    LLM judges, prompt optimization) serves nothing gptpipe records and slows the start-up (11.7 s
-    against 7.3 s to answer on 2 cores): off unless asked for (`--jobs`) or set in the environment."""
-    env = dict(os.environ)
-    if jobs:
-        env[JOB_EXECUTION] = "true"
-    env.setdefault(JOB_EXECUTION, "false")
-    return env
 
 
 def server_command(target: Any, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
@@ -191,7 +178,6 @@ def replay_command(
     ),
 ) -> None:
     """Send the tracking records a run left in an outbox (its store was away) to the store, in order."""
-    import os
 
     from tasks.tracking.delivery.outbox import Outbox
     from tasks.tracking.delivery.writer import RunWriter

@@ -44,7 +44,7 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-class _StopRequested(BaseException):
+class StopRequested(BaseException):
     """SIGINT or SIGTERM arrived while watching: unwinds the watch loop so the tree is stopped first."""
 
 
@@ -132,7 +132,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _stop_requests() -> Iterator[list[int]]:
+def stop_requests() -> Iterator[list[int]]:
     """While a tree runs (watched from the main thread), SIGINT and SIGTERM are recorded, never raised
     where they land: a signal that arrives while the child starts, or while the tree is being stopped,
     cannot leave a process behind. Afterwards the previous handlers are back and the first signal is
@@ -149,7 +149,7 @@ def _stop_requests() -> Iterator[list[int]]:
     }
     try:
         yield received
-    except _StopRequested:
+    except StopRequested:
         pass
     finally:
         for signum, handler in previous.items():
@@ -172,7 +172,7 @@ def run_process_tree(
     comes; return its exit code. A set `cancel` event, SIGTERM, Ctrl-C (at any moment, start-up
     included) or an exception from `on_line` stops the whole process tree first; cancellation then
     raises `LaunchCancelled`, a signal is delivered again to its previous handler."""
-    with _stop_requests() as requests:
+    with stop_requests() as requests:
         process = subprocess.Popen(
             list(command),
             stdout=subprocess.PIPE,
@@ -210,7 +210,7 @@ def _watch(
 ) -> int:
     while True:
         if requests:
-            raise _StopRequested
+            raise StopRequested
         if cancel is not None and cancel.is_set():
             raise LaunchCancelled("cancelled: the launched process and every process it started were stopped")
         try:

@@ -131,8 +131,25 @@ def connect(target: TrackingTarget) -> Any:
         client.search_experiments(max_results=1)
     except Exception as error:  # MLflow raises many kinds for a store it cannot open
         first = first_line(error)
-        raise TrackingError(f"tracking store {redact(target.uri)} cannot be used: {redact(first)}") from None
+        raise TrackingError(
+            refusal(error, target) or f"tracking store {redact(target.uri)} cannot be used: {redact(first)}"
+        ) from None
     return client
+
+
+def refusal(error: Exception, target: TrackingTarget) -> str | None:
+    """One sentence for a tracking server that refused us (HTTP 401 or 403: its basic-auth app), or None.
+    The credentials are MLflow's own variables; the password is never named."""
+    text = f"{getattr(error, 'error_code', '')} {error}"
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    server = f"tracking server {redact(target.uri)}"
+    if "error code 401" in text or "UNAUTHENTICATED" in text:
+        if user and os.environ.get("MLFLOW_TRACKING_PASSWORD"):
+            return f"{server} refused the credentials of user {user!r}: check MLFLOW_TRACKING_PASSWORD"
+        return f"{server} asks for credentials: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+    if "error code 403" in text or "PERMISSION_DENIED" in text:
+        return f"{server} denied user {user!r} this request: ask its admin for permission on the experiment"
+    return None
 
 
 def ensure_experiment(client: Any, name: str, target: TrackingTarget) -> str:
@@ -145,7 +162,10 @@ def ensure_experiment(client: Any, name: str, target: TrackingTarget) -> str:
     location = f"{target.artifact_location}/{name}" if target.artifact_location else None
     try:
         return client.create_experiment(name, artifact_location=location)
-    except Exception:
+    except Exception as error:
+        refused = refusal(error, target)
+        if refused is not None:
+            raise TrackingError(refused) from None
         # Another process created it between our look-up and create: take theirs.
         experiment = client.get_experiment_by_name(name)
         if experiment is None:

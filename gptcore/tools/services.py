@@ -1,0 +1,152 @@
+"""Long-running services started together and stopped together: a database, then the servers on it.
+
+`run_services` starts groups of services one after another (a group's services together), waits until
+each answers its readiness check and has run its `prepare` step (create the databases, say), tells the
+caller, then watches. The first of: Ctrl-C, SIGTERM, or a service exiting on its own, stops every
+service in reverse order of start, each with its whole process tree, so a server stops before the
+database under it. Each service also dies with this process however it dies (`kill -9` leaves no
+handler): Linux sends it `death_signal` when its parent goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gptcore.errors import ConfigError
+from gptcore.tools.processes import ProcessTree, StopRequested, stop_requests
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Service:
+    """One service: its command, how to tell it is ready, and what to do once it is."""
+
+    name: str
+    command: list[str]
+    ready: Callable[[], bool]  # polled until True: the service answers
+    env: dict[str, str] | None = None
+    user: str | None = None  # run as this user (PostgreSQL refuses to run as root)
+    prepare: Callable[[], None] | None = None  # once ready, before the next group starts
+    death_signal: int = signal.SIGTERM  # what it gets when this process dies
+    cwd: str | None = None
+    tree: ProcessTree | None = field(default=None, init=False)
+
+    def start(self, lines: queue.Queue) -> None:
+        death_signal = self.death_signal
+
+        def die_with_supervisor() -> None:  # runs in the child after its user is set, before exec
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, death_signal)
+
+        process = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=self.env,
+            cwd=self.cwd,
+            user=self.user,
+            start_new_session=True,  # a group of its own: stopped as a whole, in our order
+            preexec_fn=die_with_supervisor,
+        )
+        self.tree = ProcessTree(process)
+        threading.Thread(target=_pump, args=(self.name, process, lines), daemon=True).start()
+
+    def exited(self) -> int | None:
+        return None if self.tree is None else self.tree.process.poll()
+
+
+def _pump(name: str, process: subprocess.Popen, lines: queue.Queue) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put((name, line.rstrip("\n")))
+
+
+def run_services(
+    groups: Sequence[Sequence[Service]],
+    on_line: Callable[[str, str], None],
+    on_ready: Callable[[], None],
+    startup_timeout: float = 120.0,
+    grace_seconds: float = 20.0,
+) -> None:
+    """Start `groups` in order, call `on_ready`, and run until stopped (see the module's docstring).
+
+    Returns after a stop request has stopped everything (the signal is then delivered again to its
+    previous handler, as `run_process_tree` does); a service that exits on its own, or is not ready
+    within `startup_timeout`, stops the others and raises ConfigError naming it."""
+    lines: queue.Queue = queue.Queue()
+    started: list[Service] = []
+    with stop_requests() as requests:
+        try:
+            for group in groups:
+                for service in group:
+                    service.start(lines)
+                    started.append(service)
+                _wait_ready(group, started, lines, on_line, requests, startup_timeout)
+            on_ready()
+            while True:
+                _drain(lines, on_line, requests, started, timeout=0.2)
+        except BaseException:
+            _stop_all(started, grace_seconds, requests)
+            while not lines.empty():  # the last words of each service, shutdown included
+                on_line(*lines.get_nowait())
+            raise
+
+
+def _drain(
+    lines: queue.Queue,
+    on_line: Callable[[str, str], None],
+    requests: list[int],
+    started: Sequence[Service],
+    timeout: float,
+) -> None:
+    """Hand over the output that came, then check for a stop request or a service gone."""
+    with contextlib.suppress(queue.Empty):
+        on_line(*lines.get(timeout=timeout))
+        while True:
+            on_line(*lines.get_nowait())
+    if requests:
+        raise StopRequested
+    for service in started:
+        code = service.exited()
+        if code is not None:
+            time.sleep(0.2)  # its last lines are still in the pipe
+            raise ConfigError(f"{service.name} exited with status {code}; every other service was stopped")
+
+
+def _wait_ready(
+    group: Sequence[Service],
+    started: Sequence[Service],
+    lines: queue.Queue,
+    on_line: Callable[[str, str], None],
+    requests: list[int],
+    startup_timeout: float,
+) -> None:
+    deadline = time.monotonic() + startup_timeout
+    waiting = list(group)
+    while waiting:
+        _drain(lines, on_line, requests, started, timeout=0.2)
+        for service in list(waiting):
+            if service.ready():
+                if service.prepare is not None:
+                    service.prepare()
+                waiting.remove(service)
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(service.name for service in waiting)
+            raise ConfigError(f"{names} did not answer within {startup_timeout:.0f} s; every service stopped")
+
+
+def _stop_all(started: Sequence[Service], grace_seconds: float, requests: list[int]) -> None:
+    for service in reversed(started):  # the servers first, the database under them last
+        if service.tree is not None:
+            service.tree.stop(grace_seconds, hurry=lambda: len(requests) > 1)
