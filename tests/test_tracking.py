@@ -87,6 +87,8 @@ def step(n: int, loss: float) -> dict[str, Any]:
         "tokens_per_second": 900.0,
         "steps_per_second": 2.0,
         "mfu": 0.1,
+        "load_average": 1.2,
+        "other_cpu_cores": 0.05,
         "epoch": 0,
     }
 

@@ -33,6 +33,7 @@ from gptcore.generate import sample
 from gptcore.model.gpt import GPT
 from gptcore.model.kv_cache import KVCache
 from gptcore.model.quantization import REFERENCE, quantized, unavailable, weight_bytes
+from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import peak_memory_bytes, reset_peak_memory
 from gptcore.tools.markdown import cell, table
 
@@ -58,6 +59,8 @@ class TradeoffRow:
     greedy_agreement: float | None = None
     generate_tokens_per_second: float | None = None
     prefill_tokens_per_second: float | None = None
+    load_average: float | None = None  # the machine's over the two speeds' measurement (runtime.load)
+    other_cpu_cores: float | None = None  # what other processes used meanwhile: 0 means measured alone
     peak_rss_bytes: int | None = None
 
     @property
@@ -133,6 +136,9 @@ def _measure(
         nats, predicted = summed_nats(candidate, test.tokens, 8, settings.max_test_tokens)
     loss = nats / predicted
     greedy = [sample(candidate, ids, settings.new_tokens, temperature=0.0) for ids in prompt_ids]
+    load = MachineLoad()
+    generate = generation_speed(candidate, prompt_ids[0], settings.new_tokens, settings.repeats)
+    prefill = _prefill_speed(candidate, test, settings.repeats)
     row = TradeoffRow(
         method=method,
         status=OK,
@@ -142,10 +148,9 @@ def _measure(
         test_perplexity=math.exp(min(loss, 700.0)),
         test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
         test_tokens=predicted,
-        generate_tokens_per_second=generation_speed(
-            candidate, prompt_ids[0], settings.new_tokens, settings.repeats
-        ),
-        prefill_tokens_per_second=_prefill_speed(candidate, test, settings.repeats),
+        generate_tokens_per_second=generate,
+        prefill_tokens_per_second=prefill,
+        **load.whole(),
         peak_rss_bytes=peak_memory_bytes(device),
     )
     return row, greedy
@@ -201,7 +206,7 @@ def _against(
 
 TRADEOFF_HEADER = [
     "method", "size MB", "x fp32", "test loss", "Δ loss", "perplexity", "Δ ppl", "bits/byte", "greedy agree",
-    "gen tok/s", "prefill tok/s", "weights MB", "peak RSS MB",
+    "gen tok/s", "prefill tok/s", "other cores", "weights MB", "peak RSS MB",
 ]  # fmt: skip
 
 
@@ -217,7 +222,8 @@ def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
             cell(row.test_loss, ".4f"), cell(row.test_loss_delta, "+.4f"), cell(row.test_perplexity, ".2f"),
             cell(row.test_perplexity_change, "+.2%"), cell(row.test_bits_per_byte, ".4f"),
             cell(row.greedy_agreement, ".1%"), cell(row.generate_tokens_per_second, ".1f"),
-            cell(row.prefill_tokens_per_second, ".0f"), cell(row.weight_memory_bytes / 1e6, ".2f"),
+            cell(row.prefill_tokens_per_second, ".0f"), cell(row.other_cpu_cores, ".2f"),
+            cell(row.weight_memory_bytes / 1e6, ".2f"),
             cell(row.peak_rss_bytes / 1e6, ".0f"),
         ])  # fmt: skip
     described = ", ".join(f"{key} {value}" for key, value in machine.items())

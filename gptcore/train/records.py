@@ -143,6 +143,8 @@ class StepRecord(Record):
     tokens_per_second: float = metric()
     steps_per_second: float = metric()
     mfu: float | None = metric()
+    load_average: float | None = metric(optional=True)  # the machine's, over the interval (runtime.load)
+    other_cpu_cores: float | None = metric(optional=True)  # what other processes used meanwhile
     epoch: int = context(0)
 
 
@@ -168,6 +170,8 @@ class SummaryRecord(Record):
     tokens_per_second: float = context(headline=True)  # a metric of every step already
     steps_per_second: float = context(headline=True)
     mfu: float | None = context(headline=True)
+    load_average: float | None = metric(headline=True, optional=True)  # over the training (runtime.load)
+    other_cpu_cores: float | None = metric(headline=True, optional=True)
     peak_flops: float = context()
     peak_memory_bytes: int = metric(headline=True)  # the process's peak (CPU: imports, earlier stages)
     training_peak_memory_bytes: int | None = metric(

@@ -28,6 +28,7 @@ from gptcore.model.gpt import GPT
 from gptcore.runtime.batch_size import OutOfMemory, memory_budget
 from gptcore.runtime.device import Runtime, apply_runtime, device_report, resolve_runtime
 from gptcore.runtime.flops import FLOP_FORMULA, RunMeasures, Throughput
+from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import StepMemory, TrainingMemory, is_out_of_memory, peak_memory_bytes
 from gptcore.tools.fingerprint import fingerprint
 from gptcore.train.callbacks import TrainingCallback
@@ -107,6 +108,7 @@ class Trainer:
         self.last_train_loss: float | None = None
         self.tokens_per_step = self.plan.global_batch * job.model.block_size
         self.meter = Throughput(self.tokens_per_step)
+        self.machine_load: MachineLoad | None = None  # from the first step on
         self.measures = RunMeasures.of(self.model, self.runtime, self.step_memory, job.world_size)
 
     # --- the run ----------------------------------------------------------------------------------
@@ -158,6 +160,7 @@ class Trainer:
         batches = loader.batches(indices)
         loss_sum, counted = torch.zeros((), device=r.device), 0
         self.meter.start()
+        self.machine_load = MachineLoad()
         try:
             while state.step < self.planned_steps:
                 logging = (state.step + 1) % t.log_every == 0 or state.step + 1 == self.planned_steps
@@ -191,6 +194,7 @@ class Trainer:
             tokens_per_second=tokens_per_second,
             steps_per_second=steps_per_second,
             mfu=self.measures.mfu(tokens_per_second),
+            **self.machine_load.interval(),
             epoch=(step - 1) // self.state.steps_per_epoch,
         )
         self.events.on_step(record.to_dict())
@@ -286,6 +290,7 @@ class Trainer:
             tokens_per_second=tokens_per_second,
             steps_per_second=steps_per_second,
             mfu=self.measures.mfu(tokens_per_second),
+            **(self.machine_load.whole() if self.machine_load else {}),
             peak_flops=self.measures.peak_flops,
             peak_memory_bytes=peak_memory_bytes(self.runtime.device),
             training_peak_memory_bytes=self.memory.peak() if trained else None,
