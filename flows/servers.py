@@ -34,6 +34,7 @@ DATABASES = ("mlflow", "mlflow_auth", "prefect")
 ROLE = "gptpipe"  # the PostgreSQL role both servers connect as
 ADMIN = "admin"  # the MLflow basic-auth admin, and the Prefect auth string's user part
 JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+AUTH_CACHE_SECONDS = 60
 
 
 def server_environment(jobs: bool = False) -> dict[str, str]:
@@ -239,6 +240,9 @@ class Stack:
         text = "[mlflow]\ndefault_permission = READ\n"
         text += f"database_uri = {self.database_url('mlflow_auth')}\nadmin_username = {ADMIN}\n"
         text += "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        # Each request's password check is a PBKDF2 hash: with many writers logging every step it is most
+        # of the server's work. Cached for a minute per worker (a changed password applies within it).
+        text += f"auth_cache_ttl_seconds = {AUTH_CACHE_SECONDS}\n"
         secret(config, make=text)  # it holds the database password: 0600 like the others
         return {
             "MLFLOW_AUTH_CONFIG_PATH": str(config),

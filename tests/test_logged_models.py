@@ -281,3 +281,31 @@ def test_gptpipe_quantize_measures_a_registered_model_and_registers_its_quantize
     assert main([*quantize, "--model", "models:/gpt-cli@champion", "--methods", "int4"]) != 0
     error = capsys.readouterr().err.strip()
     assert error.endswith("--methods 'int4': expected one of fp32, bf16, int8-weight-only, int8-dynamic")
+
+
+def test_a_registered_model_another_run_made_meanwhile_is_used(trained) -> None:
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
+
+    from tasks.tracking.models.registry import register
+
+    session, callback, run = trained
+    session.client.create_registered_model("gpt-race")  # by a sweep's other trial ...
+
+    class LookedTooEarly:
+        """... just after this run looked and found no model of that name."""
+
+        def __init__(self, client: object) -> None:
+            self.client, self.looked = client, False
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.client, name)
+
+        def get_registered_model(self, name: str) -> object:
+            if self.looked:
+                return self.client.get_registered_model(name)
+            self.looked = True
+            raise MlflowException(f"Registered Model with name={name} not found", RESOURCE_DOES_NOT_EXIST)
+
+    client = LookedTooEarly(session.client)
+    registration = register(client, session.experiment_id, callback.run_id, "gpt-race", run / "final.pt", 2.0)
+    assert client.looked and (registration.model_version, registration.alias) == ("1", "champion")

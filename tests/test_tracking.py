@@ -508,3 +508,18 @@ def test_gptpipe_train_stops_before_training_when_the_tracking_server_is_unreach
     assert captured.err.startswith("error: tracking server http://127.0.0.1:9 is unreachable")
     assert '"event": "startup"' not in captured.out and not directory.exists()
     assert main([*train_args(path, directory), "--no-track"]) == 0  # the opt-out trains without MLflow
+
+
+def test_processes_opening_a_new_sqlite_store_at_once_all_open_it(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    opener = "from tasks.tracking.store import connect, resolve_target; connect(resolve_target(None))"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"}
+    openers = [
+        subprocess.Popen([sys.executable, "-c", opener], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]  # each would create and migrate the tables; together they collided ("duplicate column name")
+    errors = [opener.communicate(timeout=300)[1] for opener in openers]
+    assert [opener.returncode for opener in openers] == [0, 0, 0, 0], errors

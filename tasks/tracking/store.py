@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from filelock import FileLock
+
 from gptcore.errors import GptpipeError, first_line
 
 DEFAULT_STORE = "mlruns/mlflow.db"
@@ -111,23 +113,37 @@ def _probe_http(uri: str) -> None:
 
 def connect(target: TrackingTarget) -> Any:
     """An `MlflowClient` on `target`, proven usable by one read; a clear TrackingError otherwise."""
-    from mlflow import MlflowClient
-
     # A progress bar per artifact read (MLflow's default) buries the pipeline's own log lines.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if target.is_http:
         _probe_http(target.uri)
         for name, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(name, value)
-    if target.database is not None:
-        try:
-            target.database.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise TrackingError(
-                f"{target.database.parent}: cannot create the tracking store folder ({error})"
-            ) from None
-    client = MlflowClient(tracking_uri=target.uri)
+    if target.database is None:
+        return _open(target)
     try:
+        target.database.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        folder = target.database.parent
+        raise TrackingError(f"{folder}: cannot create the tracking store folder ({error})") from None
+    # The first open of a SQLite store creates and migrates its tables; two processes doing it at once
+    # collide ("duplicate column name"), so processes of this machine open it one at a time.
+    lock = FileLock(f"{target.database}.lock")
+    try:
+        lock.acquire()
+    except OSError as error:  # a folder this user may not write
+        raise TrackingError(f"{target.database}: cannot open the tracking store ({error})") from None
+    try:
+        return _open(target)
+    finally:
+        lock.release()
+
+
+def _open(target: TrackingTarget) -> Any:
+    from mlflow import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=target.uri)
         client.search_experiments(max_results=1)
     except Exception as error:  # MLflow raises many kinds for a store it cannot open
         first = first_line(error)

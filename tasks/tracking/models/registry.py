@@ -117,7 +117,11 @@ def _new_version(client: Any, name: str, model: Any, identity: dict[str, str], b
     try:
         client.get_registered_model(name)
     except MlflowException:
-        client.create_registered_model(name, description=DESCRIPTION)
+        try:
+            client.create_registered_model(name, description=DESCRIPTION)
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise  # else another run (a sweep's trial beside this one) made it meanwhile: use it
     version = client.create_model_version(
         name,
         source=model.artifact_location,
