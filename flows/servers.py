@@ -136,7 +136,10 @@ class Stack:
         """`initdb` on the first start: password authentication, the role `gptpipe`, UTF-8."""
         if (self.cluster / "PG_VERSION").exists():
             return
-        self.state.mkdir(parents=True, exist_ok=True)
+        try:
+            self.state.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"--state {self.settings.state}: cannot make the folder ({error})") from None
         password_file = self.state / "postgres.password"
         secret(password_file)
         self.cluster.mkdir(mode=0o700, exist_ok=True)

@@ -284,9 +284,9 @@ class FlakyClient:
         return getattr(self._client, name)
 
 
-def flaky_callback(session: TrackingSession, failures: int) -> MLflowCallback:
+def flaky_callback(session: TrackingSession, failures: int = 0, client: Any = None) -> MLflowCallback:
     return MLflowCallback(
-        FlakyClient(session.client, failures),
+        client or FlakyClient(session.client, failures),
         session.target.uri,
         session.experiment_id,
         "flaky",
@@ -329,6 +329,33 @@ def test_a_store_that_stays_down_leaves_the_records_in_an_outbox_that_replay_del
     assert (replayed.waiting_records, replayed.given_up_calls) == (0, 0) and not outbox.exists()
     assert history(session, callback.run_id, "train_loss") == [(1, 3.0), (2, 3.0), (3, 3.0)]
     assert session.client.get_run(callback.run_id).info.status == "FINISHED"
+
+
+class GoneClient(FlakyClient):
+    """An MlflowClient whose every batch fails: the store is away for params and tags as for metrics."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client, failures=0)
+
+    def log_batch(self, run_id: str, metrics: Any = (), **kwargs: Any) -> None:
+        raise ConnectionError("tracking server went away")
+
+
+def test_the_outbox_of_a_run_holds_no_credential(
+    session: TrackingSession, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secrets = {"MLFLOW_TRACKING_PASSWORD": "mlflow-pass-4f1c", "PREFECT_API_AUTH_STRING": "admin:pf-9b2e"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PREFECT_API_URL", "http://admin:url-pass-77aa@prefect.team.lan:4200/api")  # a tag
+    callback = flaky_callback(session, client=GoneClient(session.client))  # everything goes to the outbox
+    callback.on_start({**STARTUP, "checkpoint_directory": "/runs/mlflow-pass-4f1c/admin:pf-9b2e"})  # even in a param
+    callback.on_step(step(1, 3.0))
+    callback.on_end({"steps": 1})
+    text = Path(callback.report["outbox"]).read_text()
+    assert '"/runs/***/***"' in text  # the param waits in the outbox, its secret part redacted
+    for secret in (*secrets.values(), "pf-9b2e", "url-pass-77aa"):
+        assert secret not in text
 
 
 def test_a_failed_training_ends_its_run_failed_with_the_reason(session: TrackingSession) -> None:

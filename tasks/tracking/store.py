@@ -34,7 +34,7 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|AUTH_STRING|CREDENTIAL", re.IGNORECASE)
 # Environment worth seeing beside a run (what changes speed or placement); filtered by `redact` anyway.
 _ENVIRONMENT = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PREFECT_API_URL", "HOSTNAME")
 
@@ -193,7 +193,8 @@ def ensure_experiment(client: Any, name: str, target: TrackingTarget) -> str:
 
 
 def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of environment variables whose names say TOKEN, KEY, SECRET or PASSWORD (long ones first)."""
+    """Values of environment variables whose names say TOKEN, KEY, SECRET, PASSWORD, AUTH_STRING or
+    CREDENTIAL (long ones first)."""
     environ = os.environ if environ is None else environ
     # By name then .get: another thread (MLflow's telemetry) may remove a variable mid-iteration.
     found = ((name, environ.get(name)) for name in list(environ) if _SECRET_NAME.search(name))

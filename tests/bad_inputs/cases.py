@@ -207,6 +207,12 @@ FLAG_CASES = [
         "--iteration 9: no parameter file iteration_9.yaml (known iterations: 1, 2, 3)",
     ),
     Case(
+        "servers-state-inside-a-file",
+        ["servers", "--state", "afile/state"],
+        "--state afile/state: cannot make the folder ([Errno 20] Not a directory",
+        files={"afile": "not a folder"},
+    ),
+    Case(
         "unknown-device-flag",
         ["train", "--device", "tpu", "--dry-run"],
         "--device 'tpu': expected one of auto, cpu, cuda",
