@@ -349,7 +349,8 @@ def test_the_outbox_of_a_run_holds_no_credential(
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PREFECT_API_URL", "http://admin:url-pass-77aa@prefect.team.lan:4200/api")  # a tag
     callback = flaky_callback(session, client=GoneClient(session.client))  # everything goes to the outbox
-    callback.on_start({**STARTUP, "checkpoint_directory": "/runs/mlflow-pass-4f1c/admin:pf-9b2e"})  # even in a param
+    secret_path = "/runs/mlflow-pass-4f1c/admin:pf-9b2e"  # even in a param
+    callback.on_start({**STARTUP, "checkpoint_directory": secret_path})
     callback.on_step(step(1, 3.0))
     callback.on_end({"steps": 1})
     text = Path(callback.report["outbox"]).read_text()
