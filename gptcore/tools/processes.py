@@ -222,15 +222,21 @@ def _watch(
         on_line(line.rstrip("\n"))
 
 
+def on_parent_death(signum: int) -> None:
+    """Ask Linux to send this process `signum` when its parent dies, however it dies (Linux only; a
+    no-op elsewhere). Safe in a child between fork and exec (`preexec_fn`): it survives the exec."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+
+
 def die_with_parent(variable: str = LAUNCHER_PID_VARIABLE) -> None:
     """Ask Linux to SIGTERM this process when the process that started it dies (however it dies: a
     SIGKILL leaves no handler to clean up), and watch for it having died already before the request
     took effect: `variable` holds the parent's PID as the parent saw it."""
     expected = os.environ.get(variable)
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    on_parent_death(signal.SIGTERM)
     if expected and str(os.getppid()) != expected:
         os.kill(os.getpid(), signal.SIGTERM)

@@ -11,7 +11,6 @@ handler): Linux sends it `death_signal` when its parent goes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import queue
 import signal
 import subprocess
@@ -21,9 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gptcore.errors import ConfigError
-from gptcore.tools.processes import ProcessTree, StopRequested, stop_requests
-
-PR_SET_PDEATHSIG = 1
+from gptcore.tools.processes import ProcessTree, StopRequested, on_parent_death, stop_requests
 
 
 @dataclass
@@ -42,10 +39,6 @@ class Service:
 
     def start(self, lines: queue.Queue) -> None:
         death_signal = self.death_signal
-
-        def die_with_supervisor() -> None:  # runs in the child after its user is set, before exec
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, death_signal)
-
         process = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE,
@@ -57,7 +50,7 @@ class Service:
             cwd=self.cwd,
             user=self.user,
             start_new_session=True,  # a group of its own: stopped as a whole, in our order
-            preexec_fn=die_with_supervisor,
+            preexec_fn=lambda: on_parent_death(death_signal),  # in the child, its user set, before exec
         )
         self.tree = ProcessTree(process)
         threading.Thread(target=_pump, args=(self.name, process, lines), daemon=True).start()
