@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gptcore.config import CorpusConfig, TokenizerConfig
 from gptcore.data.build import build_token_files
-from gptcore.data.corpus import corpus_fingerprint, load_corpus
+from gptcore.data.corpus import open_corpus
+from gptcore.data.documents import split_documents
 from gptcore.data.encoders import make_encoder, workers
 from gptcore.data.tokenfile import open_tokens
 from gptcore.data.tokenizer import load_tokenizer, train_tokenizer
@@ -85,12 +86,13 @@ def main() -> None:
     data_root = args.data_root or Path(temporary.name)
     print(f"cores: {workers()}   data root: {data_root}")
 
-    cfg = CorpusConfig()
-    fingerprint, _ = timed("corpus fingerprint (hash the files)", corpus_fingerprint, cfg)
-    corpus, _ = timed("corpus load (read, decode, split, Arrow)", load_corpus, cfg)
-    assert corpus.fingerprint == fingerprint
-    stats = corpus.to_dict()["stats"]
-    print(f"documents: {stats}")
+    corpus, _ = timed("corpus open (hash the files, plan units)", open_corpus, CorpusConfig())
+    texts_of: dict[str, list[str]] = {"train": [], "validation": [], "test": []}
+    for unit in corpus.units():
+        for split, document in split_documents(unit, corpus.reading):
+            if split is not None:
+                texts_of[split].append(document.text)
+    print(f"documents: { {split: len(texts) for split, texts in texts_of.items()} }")
 
     with PeakRss() as training_memory:
         tokenizer, training_seconds = timed(
@@ -115,7 +117,7 @@ def main() -> None:
     identical = True
     reference_seconds = float("inf")
     for split in ("train", "validation"):
-        texts = list(getattr(corpus, split)["text"])
+        texts = texts_of[split]
         best = float("inf")
         for _ in range(args.repeat):
             expected, seconds, _count = reference_stream(hf, texts, tokenizer.end_of_text_id)
@@ -128,7 +130,7 @@ def main() -> None:
     print(f"{'encode_batch_fast alone (same documents)':<44} {reference_seconds:8.3f} s")
 
     encoder = make_encoder(tokenizer.path)
-    all_texts = [*corpus.train["text"], *corpus.validation["text"]]
+    all_texts = [*texts_of["train"], *texts_of["validation"]]
     started = time.perf_counter()
     encoder_tokens = sum(len(ids) for ids in encoder.encode_batch(all_texts))
     single_thread = encoder_tokens / (time.perf_counter() - started)

@@ -85,12 +85,23 @@ class CorpusConfig(Strict):
     hub_name: str | None = None
     hub_config: str | None = None
     hub_split: str = "train"
+    hub_revision: str | None = Field(
+        default=None, description="a hub dataset's commit or tag: pins what a streamed source holds"
+    )
+    streaming: bool = Field(
+        default=False,
+        description="hub: read documents as they arrive (datasets' streaming mode), no full local copy; "
+        "local files are always read a piece at a time",
+    )
     validation_fraction: float = Field(default=0.05, gt=0.0, lt=1.0)
     test_fraction: float = Field(
         default=0.05, gt=0.0, lt=1.0, description="held out for the evaluate stage alone"
     )
     split_seed: int = 1337
-    max_documents: int | None = Field(default=None, ge=1)
+    max_documents: int | None = Field(default=None, ge=1, description="the first N non-empty documents")
+    max_bytes: int | None = Field(
+        default=None, ge=1, description="documents in source order until their UTF-8 text reaches N bytes"
+    )
 
     @model_validator(mode="after")
     def _source_has_its_settings(self) -> CorpusConfig:
@@ -110,6 +121,32 @@ class TokenizerConfig(Strict):
     vocab_size: int = Field(default=8192, ge=257, le=1 << 32)
     min_frequency: int = Field(default=2, ge=1)
     end_of_text: str = "<|endoftext|>"
+    sample_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=1,
+        description="BPE learns from a seeded sample of the train split of about this much text (the whole "
+        "split when smaller), so its cost stops growing with the corpus",
+    )
+    sample_seed: int = Field(default=0, description="which parts of the corpus the sample reads")
+
+
+class DataConfig(Strict):
+    """How the token files are built: shard size, worker processes, and a token budget."""
+
+    shard_tokens: int = Field(
+        default=100_000_000, ge=256, description="tokens per shard file (the last of a split holds the rest)"
+    )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="encoding processes (None: one per core); never in the output",
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="stop reading the corpus once the train split holds this many tokens (whole documents)",
+    )
 
 
 class RuntimeConfig(Strict):
@@ -160,6 +197,11 @@ class TrainingConfig(Strict):
 
     epochs: int = Field(default=1, ge=1)
     max_steps: int | None = Field(default=None, ge=1, description="optimizer steps; caps epochs")
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="tokens to train on (every step's inputs), rounded up to whole steps; caps epochs",
+    )
     training_examples: int | None = Field(default=None, ge=1)
     validation_examples: int | None = Field(default=None, ge=1)
     log_every: int = Field(default=10, ge=1)
@@ -286,6 +328,7 @@ class PipelineParams(Strict):
     model: ModelProfile
     corpus: CorpusConfig = CorpusConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
+    data: DataConfig = DataConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     smoke: SmokeConfig = SmokeConfig()
     full: FullTrainingConfig = FullTrainingConfig()

@@ -38,7 +38,9 @@ def data_root(params: PipelineParams) -> str:
 
 
 def tokenizer(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
-    corpus_fp, fingerprint = data_stages.tokenizer_stage_fingerprint(params.corpus, params.tokenizer)
+    corpus_fp, fingerprint = data_stages.tokenizer_stage_fingerprint(
+        params.corpus, params.tokenizer, Path(data_root(params))
+    )
     outcome = run_cached(
         "tokenizer",
         data_stages.tokenizer_task,
@@ -58,8 +60,9 @@ def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineRe
         "tokens",
         data_stages.tokens_task,
         TokensResult,
-        fingerprint=data_stages.tokens_stage_fingerprint(tokenizer.result),
+        fingerprint=data_stages.tokens_stage_fingerprint(tokenizer.result, params.data),
         corpus=params.corpus,
+        data=params.data,
         tokenizer_result=tokenizer.result,
         data_root=data_root(params),
     )

@@ -20,7 +20,7 @@ from gptcore.config import (
     TrainingConfig,
 )
 from gptcore.data.build import TokenFolderManifest, build_token_files
-from gptcore.data.corpus import load_corpus
+from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenfile import open_tokens
 from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import DataError
@@ -39,7 +39,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TokenFolderMa
     """Real text (three stdlib packages) split three ways, a tokenizer, token files and a trained model."""
     folder = tmp_path_factory.mktemp("held-out")
     paths = [str(STDLIB / name / "*.py") for name in ("json", "email", "unittest")]
-    corpus = load_corpus(
+    corpus = open_corpus(
         CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
     )
     tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=512), folder)
@@ -117,7 +117,9 @@ def test_a_file_of_another_split_is_refused_as_the_test_split(
     built: tuple[Path, TokenFolderManifest],
 ) -> None:
     folder, tokens = built
-    with pytest.raises(DataError, match=r"validation.bin: holds the validation split, not the held-out test"):
+    with pytest.raises(
+        DataError, match=r"validation.manifest.json: holds the validation split, not the held-out test"
+    ):
         evaluate_held_out(
             folder / "run" / "best.pt",
             Path(tokens.train.path),

@@ -19,7 +19,9 @@ from gptcore.config import (
     TrainingConfig,
 )
 from gptcore.data.build import build_token_files
-from gptcore.data.corpus import load_corpus
+from gptcore.data.corpus import open_corpus
+from gptcore.data.documents import split_documents
+from gptcore.data.tokenfile import open_tokens
 from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import ConfigError, DiskFullError
 from gptcore.export.hf import export_hf
@@ -36,7 +38,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 def trained_model(folder: Path, bias: bool) -> tuple[Path, Path, Path, list[str]]:
     """A short training on real text: (checkpoint, tokenizer, test tokens, test documents)."""
     paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
-    corpus = load_corpus(
+    corpus = open_corpus(
         CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
     )
     tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)
@@ -58,7 +60,12 @@ def trained_model(folder: Path, bias: bool) -> tuple[Path, Path, Path, list[str]
         folder / "run" / "final.pt",
         Path(tokenizer.path),
         Path(tokens.test.path),
-        list(corpus.test["text"]),
+        [
+            doc.text
+            for unit in corpus.units()
+            for split, doc in split_documents(unit, corpus.reading)
+            if split == "test"
+        ],
     )
 
 
@@ -72,7 +79,7 @@ def test_transformers_loads_the_export_offline_and_computes_what_we_compute(
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     their_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
-    stream = np.fromfile(test_tokens, dtype="<u2")[: 4 * 32].astype(np.int64).reshape(4, 32)
+    stream = open_tokens(test_tokens).tokens[: 4 * 32].astype(np.int64).reshape(4, 32)
     windows = torch.from_numpy(stream)
     with torch.no_grad():
         ours, _ = model(windows, windows)  # targets given: the logits of every position

@@ -264,7 +264,7 @@ def test_gptpipe_quantize_measures_a_registered_model_and_registers_its_quantize
     session, callback, run = trained
     register(session.client, session.experiment_id, callback.run_id, "gpt-cli", run / "final.pt", 2.0)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)
-    test = next(run.parent.glob("tokens/*/test.bin"))
+    test = next(run.parent.glob("tokens/*/test.manifest.json"))
     quantize = ["quantize", "--test-tokens", str(test), "--output", str(tmp_path / "q")]
     assert main([*quantize, "--model", "models:/gpt-cli@champion", "--methods", "int8-weight-only"]) == 0
     answer = json.loads(capsys.readouterr().out)

@@ -21,7 +21,7 @@ from gptcore.checkpoint.files import latest_checkpoint
 from gptcore.config import STAGES, load_params
 from gptcore.errors import TrainingError
 from tasks.results import DeviceResult, StageResult, file_record
-from tasks.stages.smoke_gate import judge
+from tasks.stages.smoke_gate import DataSizing, judge
 from tasks.stages.training import full_refusal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,6 +209,12 @@ def test_batch_size_auto_is_decided_by_the_smoke_stage_and_reused_by_full_traini
     batch = smoke["batch"]
     assert batch["source"] == "estimated" and batch["figures"]["budget_bytes"] > 0
     assert batch["batch_size"] * batch["grad_accum_steps"] == 8  # the effective batch asked for
+    sizing, startup = smoke["data_sizing"], newest_run(prefect_env, "smoke").data.params
+    expected = (
+        smoke["full_planned_steps"] * 8 * int(startup["sequence_length"]) / int(startup["parameter_count"])
+    )
+    assert sizing["tokens_per_parameter"] == pytest.approx(expected, abs=1e-3)  # recorded to 3 places
+    assert (sizing["warning"] is None) == (sizing["train_tokens_per_parameter"] >= 1)
     final = json.loads(next((tmp_path / "checkpoints").glob("*-full-*/final.json")).read_text())
     assert final["config"]["global_batch"] == 8
     full = newest_run(prefect_env, "full").data.params
@@ -347,6 +353,16 @@ def test_cached_outputs_are_checked_by_content(tmp_path: Path) -> None:
     assert result.stale_outputs() == [str(output)]
     output.unlink()
     assert result.stale_outputs() == [str(output)]
+
+
+def test_a_corpus_small_for_its_model_is_named_with_the_settings_to_change() -> None:
+    iteration_3 = DataSizing(parameter_count=98_400_000, train_tokens=7_800_000, full_tokens=62_400_000)
+    assert iteration_3.figures() == {"tokens_per_parameter": 0.634, "train_tokens_per_parameter": 0.079}
+    assert iteration_3.warning().startswith(
+        "the train split holds 0.08 tokens per parameter (7,800,000 tokens"
+    )
+    assert "corpus.paths or corpus.hub_name" in iteration_3.warning() and "\n" not in iteration_3.warning()
+    assert DataSizing(1_000_000, 20_000_000, 20_000_000).warning() is None
 
 
 def test_smoke_gate_needs_finite_falling_loss_that_fits() -> None:

@@ -18,7 +18,7 @@ from gptcore.config import (
     TokenizerConfig,
     load_profile,
 )
-from gptcore.data.corpus import load_corpus
+from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenfile import open_tokens
 from gptcore.export.model_files import model_files_in, read_model_files, write_model_files
 from gptcore.model.gpt import GPT
@@ -38,7 +38,7 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     folder = tmp_path_factory.mktemp("quant")
     paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
-    corpus = load_corpus(
+    corpus = open_corpus(
         CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
     )
     tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)

@@ -11,7 +11,7 @@ from test_trainer import TRAIN, VALIDATION, Recorder
 
 from gptcore.config import CorpusConfig, OptimizerConfig, PipelineParams, load_params
 from gptcore.data.build import build_token_files
-from gptcore.data.corpus import load_corpus
+from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import TrainingError
 from gptcore.train.job import TrainJob
@@ -125,7 +125,7 @@ def test_full_training_stops_when_validation_goes_above_the_uniform_guess_after_
 def test_iteration_1s_default_smoke_passes_on_real_text(tmp_path: Path) -> None:
     params = load_params(REPO / "params" / "iteration_1.yaml")
     paths = [str(STDLIB / name / "*.py") for name in ("email", "json", "unittest", "asyncio")]
-    corpus = load_corpus(
+    corpus = open_corpus(
         CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
     )
     tokenizer = train_tokenizer(corpus, params.tokenizer, tmp_path)

@@ -1,42 +1,68 @@
-"""Token files: exact ids, the documents back on decoding, manifests, and nothing half-written."""
+"""Token files: exact ids in shards, the documents back on decoding, manifests, budgets, workers that
+change nothing, a kill that loses nothing, and nothing half-written."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
+import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, normalizers
 
-from gptcore.config import CorpusConfig, TokenizerConfig
+from gptcore.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data import build as token_build
+from gptcore.data import shards as shard_files
 from gptcore.data.build import build_token_files, read_token_folder_manifest, token_files_fingerprint
-from gptcore.data.corpus import Corpus, load_corpus
+from gptcore.data.corpus import SPLITS, Corpus, open_corpus
+from gptcore.data.documents import split_documents
 from gptcore.data.encoders import HFEncoder, TiktokenEncoder, make_encoder, why_not_tiktoken
 from gptcore.data.tokenfile import check_vocabulary, open_tokens
 from gptcore.data.tokenizer import TokenizerManifest, train_tokenizer
 from gptcore.errors import ConfigError, DataError, DiskFullError
-from gptcore.tools.atomic import write_atomic
 from gptcore.tools.fingerprint import sha256_file
-from tests.disk_full_support import half_then_full, leftovers, open_filling, snapshot
+from tests.disk_full_support import open_filling
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+PATHS = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py"), str(STDLIB / "unittest" / "*.py")]
+SMALL_SHARDS = DataConfig(shard_tokens=20_000, workers=1)  # a few shards per split, encoded in this process
 
 
 @pytest.fixture(scope="module")
 def corpus() -> Corpus:
-    paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py"), str(STDLIB / "unittest" / "*.py")]
-    return load_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2))
+    return open_corpus(CorpusConfig(source="local", paths=PATHS, validation_fraction=0.2, test_fraction=0.2))
+
+
+@pytest.fixture(scope="module")
+def many_units() -> Corpus:
+    """The same corpus cut into units of 16 KiB: progress a resumed build can start from."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("gptcore.data.corpus.UNIT_BYTES", 16384)
+        return open_corpus(
+            CorpusConfig(source="local", paths=PATHS, validation_fraction=0.2, test_fraction=0.2)
+        )
 
 
 @pytest.fixture(scope="module")
 def tokenizer(corpus, tmp_path_factory) -> TokenizerManifest:
     return train_tokenizer(corpus, TokenizerConfig(vocab_size=512), tmp_path_factory.mktemp("data"))
+
+
+def documents_of(corpus: Corpus) -> dict[str, list[str]]:
+    """Each split's documents in source order, read as the build reads them."""
+    found: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for unit in corpus.units():
+        for split, document in split_documents(unit, corpus.reading):
+            if split is not None:
+                found[split].append(document.text)
+    return found
 
 
 def documents_in(path: str, end_of_text_id: int) -> list[np.ndarray]:
@@ -46,60 +72,108 @@ def documents_in(path: str, end_of_text_id: int) -> list[np.ndarray]:
     return np.split(tokens, ends + 1)[:-1]
 
 
-def test_builds_every_split_with_manifests_the_trainer_can_read(corpus, tokenizer, tmp_path):
-    manifest = build_token_files(corpus, tokenizer, tmp_path)
-    folder = tmp_path / "tokens" / token_files_fingerprint(corpus.fingerprint, tokenizer)
+def shard_hashes(manifest) -> dict[str, list[str]]:
+    return {split: [shard["sha256"] for shard in tokens.shards] for split, tokens in manifest.files.items()}
+
+
+def test_builds_every_split_as_shards_with_manifests_the_trainer_can_read(corpus, tokenizer, tmp_path):
+    manifest = build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
+    folder = tmp_path / "tokens" / token_files_fingerprint(corpus.fingerprint, tokenizer, SMALL_SHARDS)
     assert Path(manifest.directory) == folder.resolve()
-    assert sorted(child.name for child in folder.iterdir()) == [
-        "manifest.json",
-        "test.bin",
-        "test.bin.manifest.json",
-        "train.bin",
-        "train.bin.manifest.json",
-        "validation.bin",
-        "validation.bin.manifest.json",
-    ]
+    train_shards = [shard["file"] for shard in manifest.train.shards]
+    assert train_shards[:2] == ["train-000000.bin", "train-000001.bin"] and len(train_shards) > 5
+    names = sorted(child.name for child in folder.iterdir())
+    assert names == sorted(
+        ["manifest.json", *(f"{split}.manifest.json" for split in SPLITS)]
+        + [shard["file"] for split in manifest.files.values() for shard in split.shards]
+    )
     assert read_token_folder_manifest(folder) == manifest
     assert json.loads(json.dumps(manifest.to_dict()))["files"]["train"]["tokens"] == manifest.train.tokens
-    for split, dataset in corpus.splits.items():
-        stream = open_tokens(manifest.files[split].path)
-        assert stream.manifest is not None
-        assert stream.manifest.dtype == "uint16" and stream.tokens.dtype == np.dtype("<u2")
+    expected = documents_of(corpus)
+    for split, texts in expected.items():
+        tokens = manifest.files[split]
+        stream = open_tokens(tokens.path)
+        assert stream.manifest is not None and stream.manifest.dtype == "uint16"
         assert stream.manifest.split == split and stream.manifest.corpus_fingerprint == corpus.fingerprint
         assert stream.manifest.tokenizer_sha256 == tokenizer.sha256 == sha256_file(tokenizer.path)
-        assert stream.manifest.document_count == len(dataset) == manifest.files[split].documents
-        assert stream.manifest.end_of_text_id == tokenizer.end_of_text_id
-        assert len(stream) == stream.manifest.token_count == manifest.files[split].tokens
-        assert sha256_file(stream.path) == stream.manifest.sha256 == manifest.files[split].sha256
-        assert stream.manifest.text_bytes == corpus.stats[split].bytes == manifest.files[split].text_bytes
+        assert stream.manifest.document_count == len(texts) == tokens.documents
+        assert sum(shard["documents"] for shard in tokens.shards) == len(texts)
+        assert len(stream) == stream.manifest.token_count == tokens.tokens
+        assert all(shard["tokens"] == 20_000 for shard in tokens.shards[:-1]), "the last holds the rest"
+        for shard in tokens.shards:
+            assert sha256_file(folder / shard["file"]) == shard["sha256"]
+        assert stream.manifest.text_bytes == sum(len(t.encode()) for t in texts) == tokens.text_bytes
         check_vocabulary(stream, tokenizer.vocab_size)
-    assert manifest.tokens_per_second > 0 and not list((tmp_path / "tokens").glob(".*"))
+    assert manifest.tokens_per_second > 0 and manifest.resumed_at_unit == 0
+    assert not [p.name for p in (tmp_path / "tokens").glob(".*") if not p.name.endswith(".lock")]
 
 
-def test_decoding_the_token_files_gives_back_the_documents(corpus, tokenizer, tmp_path):
-    manifest = build_token_files(corpus, tokenizer, tmp_path)
+def test_decoding_the_shards_gives_back_the_documents_across_shard_boundaries(corpus, tokenizer, tmp_path):
+    manifest = build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
     hf = Tokenizer.from_file(tokenizer.path)
-    for split, dataset in corpus.splits.items():
+    for split, texts in documents_of(corpus).items():
         pieces = documents_in(manifest.files[split].path, tokenizer.end_of_text_id)
-        assert len(pieces) == len(dataset)
-        for index in range(0, len(dataset), 3):
-            assert hf.decode(pieces[index][:-1].tolist()) == dataset[index]["text"]
+        assert len(pieces) == len(texts)
+        for index in range(0, len(texts), 3):
+            assert hf.decode(pieces[index][:-1].tolist()) == texts[index]
+    stream = open_tokens(manifest.train.path).tokens
+    whole = np.concatenate(
+        [np.fromfile(Path(manifest.directory) / s["file"], "<u2") for s in manifest.train.shards]
+    )
+    across = np.array([[19_998, 19_999, 20_000, 20_001], [0, 39_999, 40_000, len(whole) - 1]])
+    np.testing.assert_array_equal(stream[across], whole[across])
+    np.testing.assert_array_equal(stream[19_990:20_010], whole[19_990:20_010])
+
+
+def test_one_worker_and_two_give_the_same_shards_byte_for_byte(corpus, tokenizer, tmp_path):
+    one = build_token_files(corpus, tokenizer, tmp_path / "one", data=SMALL_SHARDS)
+    two = build_token_files(
+        corpus, tokenizer, tmp_path / "two", data=DataConfig(shard_tokens=20_000, workers=2)
+    )
+    assert two.workers == 2 and shard_hashes(two) == shard_hashes(one)
+    assert one.fingerprint == two.fingerprint, "the number of workers is not part of the output's identity"
+
+
+def test_budgets_keep_whole_documents_in_source_order_and_say_so(tokenizer, tmp_path):
+    def build(data: DataConfig = SMALL_SHARDS, **corpus_settings):
+        cfg = CorpusConfig(
+            source="local", paths=PATHS, validation_fraction=0.2, test_fraction=0.2, **corpus_settings
+        )
+        return build_token_files(open_corpus(cfg), tokenizer, tmp_path, data=data)
+
+    whole = build()
+    assert whole.budget["cut_the_source"] is False
+    by_documents = build(max_documents=20)
+    assert sum(split.documents for split in by_documents.files.values()) == 20
+    assert by_documents.budget == {
+        "max_documents": 20,
+        "max_bytes": None,
+        "max_tokens": None,
+        "cut_the_source": True,
+    }
+    by_bytes = build(max_bytes=500_000)
+    kept = sum(split.text_bytes for split in by_bytes.files.values())
+    assert 500_000 <= kept < 500_000 + 120_000, "documents until the budget is reached, the last whole"
+    by_tokens = build(DataConfig(shard_tokens=20_000, workers=1, max_tokens=250_000))
+    assert 250_000 <= by_tokens.train.tokens < whole.train.tokens
+    assert by_tokens.fingerprint != whole.fingerprint
 
 
 def test_the_fast_encoder_gives_the_ids_of_encode_batch_fast(corpus, tokenizer, tmp_path):
-    texts = [*corpus.train["text"], *corpus.validation["text"]]
+    texts = [text for split in documents_of(corpus).values() for text in split]
     texts += ["it's 'll 've  \t\n\n  x", "Ünïcödé ✓ 日本語 123 4567 αβγ\r\n", "literal <|endoftext|> inside"]
     fast = make_encoder(tokenizer.path)
     assert isinstance(fast, TiktokenEncoder)
     reference = HFEncoder(Tokenizer.from_file(tokenizer.path))
     for mine, theirs in zip(fast.encode_batch(texts), reference.encode_batch(texts), strict=True):
         np.testing.assert_array_equal(mine, theirs)
-    by_tiktoken = build_token_files(corpus, tokenizer, tmp_path / "a", verify_fraction=1.0)
-    by_tokenizers = build_token_files(corpus, tokenizer, tmp_path / "b", encoder="tokenizers")
+    by_tiktoken = build_token_files(corpus, tokenizer, tmp_path / "a", data=SMALL_SHARDS, verify_fraction=1.0)
+    by_tokenizers = build_token_files(
+        corpus, tokenizer, tmp_path / "b", data=SMALL_SHARDS, encoder="tokenizers"
+    )
     assert by_tiktoken.encoder == "tiktoken" and by_tokenizers.encoder == "tokenizers"
-    assert by_tiktoken.verified_documents > len(corpus.train) // 2
-    assert by_tiktoken.train.sha256 == by_tokenizers.train.sha256
-    assert by_tiktoken.validation.sha256 == by_tokenizers.validation.sha256
+    assert by_tiktoken.verified_documents > len(texts) // 2
+    assert shard_hashes(by_tiktoken) == shard_hashes(by_tokenizers)
 
 
 def test_a_tokenizer_tiktoken_cannot_reproduce_uses_encode_batch_fast(tokenizer, tmp_path):
@@ -114,7 +188,9 @@ def test_a_tokenizer_tiktoken_cannot_reproduce_uses_encode_batch_fast(tokenizer,
 def test_a_difference_found_while_checking_rebuilds_with_encode_batch_fast(
     corpus, tokenizer, tmp_path, monkeypatch
 ):
-    reference = build_token_files(corpus, tokenizer, tmp_path / "reference", encoder="tokenizers")
+    reference = build_token_files(
+        corpus, tokenizer, tmp_path / "reference", data=SMALL_SHARDS, encoder="tokenizers"
+    )
     original = TiktokenEncoder.encode
 
     def off_by_one(self, text):
@@ -122,70 +198,166 @@ def test_a_difference_found_while_checking_rebuilds_with_encode_batch_fast(
         return ids + 1 if "charset" in text else ids
 
     monkeypatch.setattr(TiktokenEncoder, "encode", off_by_one)
-    rebuilt = build_token_files(corpus, tokenizer, tmp_path / "checked", verify_fraction=1.0)
+    rebuilt = build_token_files(
+        corpus, tokenizer, tmp_path / "checked", data=SMALL_SHARDS, verify_fraction=1.0
+    )
     assert rebuilt.encoder == "tokenizers" and "encodes differently" in (rebuilt.fallback_reason or "")
-    assert rebuilt.train.sha256 == reference.train.sha256
+    assert shard_hashes(rebuilt) == shard_hashes(reference)
 
 
 def test_an_interrupted_build_leaves_nothing_that_looks_finished(corpus, tokenizer, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(token_build, "_write_file_manifests", fail)
+    monkeypatch.setattr(token_build._Build, "_write_manifests", fail)
     with pytest.raises(KeyboardInterrupt):
-        build_token_files(corpus, tokenizer, tmp_path)
-    assert list((tmp_path / "tokens").iterdir()) == []
+        build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
+    assert all(child.name.startswith(".") for child in (tmp_path / "tokens").iterdir())
 
 
-def test_a_build_killed_mid_write_is_cleaned_up_by_the_next(corpus, tokenizer, tmp_path):
+KILLED_BUILD = """
+import sys, time
+from pathlib import Path
+import gptcore.data.corpus as corpus_module
+from gptcore.config import CorpusConfig, DataConfig
+from gptcore.data import build, encode_worker
+from gptcore.data.tokenizer import read_tokenizer_manifest
+
+corpus_module.UNIT_BYTES = 16384  # many units, a journal entry after each
+build.JOURNAL_EVERY_SECONDS = 0.0
+encode = encode_worker.encode_unit
+def slow(unit):
+    time.sleep(0.05)
+    return encode(unit)
+encode_worker.encode_unit = slow
+cfg = CorpusConfig(source="local", paths={paths!r}, validation_fraction=0.2, test_fraction=0.2)
+tokenizer = read_tokenizer_manifest(Path({tokenizer!r}))
+data = DataConfig(shard_tokens=20_000, workers=1)
+build.build_token_files(corpus_module.open_corpus(cfg), tokenizer, Path(sys.argv[1]), data=data)
+"""
+
+
+def test_a_build_killed_at_any_moment_carries_on_to_the_same_shards(many_units, tokenizer, tmp_path):
+    script = KILLED_BUILD.format(paths=PATHS, tokenizer=str(Path(tokenizer.path).parent))
+    killed = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), str(tmp_path / "killed")])
+    journal, deadline = None, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        journal = next((tmp_path / "killed" / "tokens").glob(".*.building/progress.json"), None)
+        if journal and json.loads(journal.read_text())["next_unit"] >= 25:
+            break
+        time.sleep(0.05)
+    assert journal is not None, "the build wrote its journal"
+    os.kill(killed.pid, signal.SIGKILL)  # no handler runs: the journal and the shards are what is left
+    killed.wait()
+    tokens = tmp_path / "killed" / "tokens"
+    assert [child.name for child in tokens.iterdir() if not child.name.startswith(".")] == []
+    assert list(tokens.glob(".*.building/*.partial")), "an open shard, never taken as complete"
+
+    resumed = build_token_files(many_units, tokenizer, tmp_path / "killed", data=SMALL_SHARDS)
+    uninterrupted = build_token_files(many_units, tokenizer, tmp_path / "whole", data=SMALL_SHARDS)
+    assert resumed.resumed_at_unit >= 25 and uninterrupted.resumed_at_unit == 0
+    assert shard_hashes(resumed) == shard_hashes(uninterrupted)
+    assert {s: t.documents for s, t in resumed.files.items()} == {
+        s: t.documents for s, t in uninterrupted.files.items()
+    }
+
+
+def test_a_build_killed_mid_write_by_the_old_layout_is_cleaned_up_by_the_next(corpus, tokenizer, tmp_path):
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
-    key = token_files_fingerprint(corpus.fingerprint, tokenizer)
+    key = token_files_fingerprint(corpus.fingerprint, tokenizer, SMALL_SHARDS)
     leftover = tmp_path / "tokens" / f".{key}.partial-{dead.stdout.strip()}-abc"
     leftover.mkdir(parents=True)
     (leftover / "train.bin").write_bytes(b"\x00" * 10)
-    manifest = build_token_files(corpus, tokenizer, tmp_path)
-    assert [child.name for child in (tmp_path / "tokens").iterdir()] == [key]
-    assert open_tokens(manifest.train.path).manifest is not None
-    rebuilt = build_token_files(corpus, tokenizer, tmp_path)
-    assert rebuilt.train.sha256 == manifest.train.sha256 and os.path.isfile(rebuilt.train.path)
+    manifest = build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
+    assert [child.name for child in (tmp_path / "tokens").iterdir() if not child.name.endswith(".lock")] == [
+        key
+    ]
+    rebuilt = build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
+    assert shard_hashes(rebuilt) == shard_hashes(manifest) and os.path.isfile(rebuilt.train.path)
 
 
 def test_bad_encoder_names_and_out_of_vocabulary_ids_are_refused(corpus, tokenizer, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"encoder 'fastest' is not allowed"):
         build_token_files(corpus, tokenizer, tmp_path, encoder="fastest")
     monkeypatch.setattr(TiktokenEncoder, "encode", lambda self, text: np.full(3, 9999, dtype=np.uint32))
-    with pytest.raises(DataError, match=r"train.bin: encoder produced id 9999 outside the vocabulary 512"):
-        build_token_files(corpus, tokenizer, tmp_path, verify_fraction=0.0)
-    assert list((tmp_path / "tokens").iterdir()) == []
+    with pytest.raises(
+        DataError, match=r"tokenizer.json: encoder produced id 9999 outside the vocabulary 512"
+    ):
+        build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS, verify_fraction=0.0)
+    assert all(child.name.startswith(".") for child in (tmp_path / "tokens").iterdir())
+
+
+def test_a_full_disk_keeps_what_was_written_and_the_next_run_carries_on(
+    many_units, tokenizer, tmp_path, monkeypatch
+):
+    uninterrupted = build_token_files(many_units, tokenizer, tmp_path / "whole", data=SMALL_SHARDS)
+    monkeypatch.setattr(token_build, "JOURNAL_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(
+        shard_files, "open", open_filling("train-000003.bin.partial", room=4096), raising=False
+    )
+    with pytest.raises(DiskFullError) as full:
+        build_token_files(many_units, tokenizer, tmp_path / "full", data=SMALL_SHARDS)
+    folder = tmp_path / "full" / "tokens" / uninterrupted.fingerprint
+    assert str(full.value).startswith(f"{folder}: no space left on the disk (")
+    assert str(full.value).endswith("free space and run again to carry on") and "\n" not in str(full.value)
+    assert not folder.exists() and (folder.parent / f".{folder.name}.building" / "train-000002.bin").is_file()
+    monkeypatch.undo()  # space freed: the same build carries on
+    resumed = build_token_files(many_units, tokenizer, tmp_path / "full", data=SMALL_SHARDS)
+    assert resumed.resumed_at_unit > 0 and shard_hashes(resumed) == shard_hashes(uninterrupted)
+
+
+def test_a_disk_too_small_for_the_estimate_is_refused_after_the_first_unit(
+    many_units, tokenizer, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(token_build, "free_bytes", lambda path: 10_000)
+    with pytest.raises(
+        DiskFullError, match=r"the token files need about [\d.]+ MB more, 0.0 MB are free there"
+    ):
+        build_token_files(many_units, tokenizer, tmp_path, data=SMALL_SHARDS)
 
 
 @pytest.mark.parametrize(
-    "point", ["train.bin", "validation.bin", "manifest"], ids=["first-split", "later-split", "manifest"]
+    ("damage", "message"),
+    [
+        (
+            lambda folder: (folder / "train-000001.bin").unlink(),
+            r"train-000001.bin: shard named by train.manifest.json is missing",
+        ),
+        (
+            lambda folder: (folder / "train-000001.bin").write_bytes(b"\0\0"),
+            r"train-000001.bin: 2 bytes, but train.manifest.json says 20000 uint16 tokens",
+        ),
+        (
+            lambda folder: (folder / "train-000001.bin").write_bytes(b"\1" * 40_000),
+            r"train-000001.bin: content differs from the sha256 train.manifest.json records",
+        ),
+        (
+            lambda folder: (folder / "train.manifest.json").write_text(
+                json.dumps({**json.loads((folder / "train.manifest.json").read_text()), "shards": []})
+            ),
+            r"train.manifest.json: the train split lists no shards",
+        ),
+    ],
+    ids=["missing-shard", "wrong-size", "wrong-sha256", "no-shards"],
 )
-def test_a_full_disk_names_the_folder_and_the_bytes_and_keeps_the_earlier_build(
-    corpus, tokenizer, tmp_path, monkeypatch, point
-):
-    earlier = build_token_files(corpus, tokenizer, tmp_path)
-    folder = Path(earlier.train.path).parent
-    before = snapshot(folder)
-    if point == "manifest":
-        from gptcore.data import tokenfile
+def test_a_damaged_shard_set_is_refused_in_one_line(corpus, tokenizer, tmp_path, damage, message):
+    manifest = build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
+    damage(Path(manifest.directory))
+    with pytest.raises(DataError, match=message) as refused:
+        open_tokens(manifest.train.path)
+    assert "\n" not in str(refused.value)
 
-        monkeypatch.setattr(
-            tokenfile, "write_text_atomic", lambda target, text: write_atomic(target, half_then_full)
-        )
-    else:
-        monkeypatch.setattr(token_build, "open", open_filling(point, room=4096), raising=False)
-    with pytest.raises(DiskFullError) as full:
-        build_token_files(corpus, tokenizer, tmp_path)
-    message = str(full.value)
-    text_bytes = sum(stats.bytes for stats in corpus.stats.values())
-    assert message.startswith(
-        f"{folder}: no space left on the disk: it needs about {text_bytes * 2 / 1e6:,.1f} MB"
-    )
-    assert message.endswith(f"the earlier {folder.name} is unchanged; free space and run again")
-    assert leftovers(folder.parent) == [] and snapshot(folder) == before
-    monkeypatch.undo()  # space freed: the same build runs through
-    assert build_token_files(corpus, tokenizer, tmp_path).train.sha256 == earlier.train.sha256
+
+def test_under_json_the_build_reports_its_progress_as_json_lines(
+    corpus, tokenizer, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("GPTPIPE_JSON", "1")
+    manifest = build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines and lines[-1]["event"] == "data_progress" and lines[-1]["stage"] == "tokens"
+    last = lines[-1]
+    assert last["tokens"] == sum(split.tokens for split in manifest.files.values())
+    assert last["documents"] == sum(split.documents for split in manifest.files.values())
+    assert last["source_bytes"] == corpus.source_bytes and last["tokens_per_second"] > 0

@@ -6,12 +6,11 @@ import json
 import sysconfig
 from pathlib import Path
 
-import datasets
 import pytest
 from tokenizers import Tokenizer
 
 from gptcore.config import CorpusConfig, TokenizerConfig
-from gptcore.data.corpus import Corpus, SplitStats, load_corpus
+from gptcore.data.corpus import Corpus, open_corpus, split_of
 from gptcore.data.tokenizer import read_tokenizer_manifest, tokenizer_fingerprint, train_tokenizer
 from gptcore.errors import ConfigError, DataError
 from gptcore.tools.fingerprint import sha256_file
@@ -23,7 +22,7 @@ SMALL = TokenizerConfig(vocab_size=400, min_frequency=2)
 @pytest.fixture(scope="module")
 def corpus() -> Corpus:
     paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
-    return load_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.3, test_fraction=0.2))
+    return open_corpus(CorpusConfig(source="local", paths=paths, validation_fraction=0.3, test_fraction=0.2))
 
 
 def test_writes_a_loadable_byte_level_tokenizer_and_its_manifest(corpus, tmp_path):
@@ -54,19 +53,41 @@ def test_training_is_deterministic_and_the_folder_follows_the_settings(corpus, t
 
 
 def test_trains_on_the_train_split_only(tmp_path):
-    def split(texts: list[str]) -> datasets.Dataset:
-        return datasets.Dataset.from_dict({"text": texts})
+    def write(text: str, wanted: str) -> None:
+        if split_of(text.encode(), 1337, 0.3, 0.2) == wanted:
+            (tmp_path / "docs" / f"{len(list((tmp_path / 'docs').iterdir()))}.txt").write_text(text)
 
-    train = [f"common words number {i} and more common words\n" for i in range(50)]
-    validation = ["zyzzyvazyzzyva " * 200]
-    test = ["quokkaquokka " * 200]
-    stats = SplitStats(documents=1, bytes=1, replaced_bytes=0)
-    splits = {"train": split(train), "validation": split(validation), "test": split(test)}
-    corpus = Corpus(splits, "fp", "test", dict.fromkeys(splits, stats), 0)
-    tokenizer = Tokenizer.from_file(train_tokenizer(corpus, SMALL, tmp_path).path)
+    (tmp_path / "docs").mkdir()
+    for number in range(100):
+        write(f"common words number {number} and more common words\n", "train")
+        write(f"zyzzyvazyzzyva {number} " * 50, "validation")
+        write(f"quokkaquokka {number} " * 50, "test")
+    cfg = CorpusConfig(
+        source="local", paths=[str(tmp_path / "docs")], validation_fraction=0.3, test_fraction=0.2
+    )
+    tokenizer = Tokenizer.from_file(train_tokenizer(open_corpus(cfg), SMALL, tmp_path).path)
     assert tokenizer.token_to_id("Ġcommon") is not None
     assert not any("yzz" in token for token in tokenizer.get_vocab()), "validation text taught nothing"
     assert not any("okk" in token for token in tokenizer.get_vocab()), "test text taught nothing"
+
+
+def test_learns_from_a_bounded_seeded_sample_of_the_train_split(tmp_path, monkeypatch):
+    monkeypatch.setattr("gptcore.data.corpus.UNIT_BYTES", 8192)  # many units to choose from
+    paths = [str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py")]
+    corpus = open_corpus(
+        CorpusConfig(source="local", paths=paths, validation_fraction=0.3, test_fraction=0.2)
+    )
+    whole = train_tokenizer(corpus, SMALL, tmp_path / "whole")
+    assert whole.sample["sample_is_whole_train_split"] and whole.sample["sample_units"] == len(corpus.planned)
+
+    bounded = SMALL.model_copy(update={"sample_bytes": 60_000})
+    sample = train_tokenizer(corpus, bounded, tmp_path / "bounded").sample
+    assert 60_000 <= sample["sample_bytes"] < whole.sample["sample_bytes"] / 3
+    assert sample["sample_units"] < len(corpus.planned) / 3 and not sample["sample_is_whole_train_split"]
+    assert train_tokenizer(corpus, bounded, tmp_path / "again").sample == sample, "seeded: the same sample"
+    reseeded = train_tokenizer(corpus, bounded.model_copy(update={"sample_seed": 1}), tmp_path / "reseeded")
+    assert reseeded.sample["sample_sha256"] != sample["sample_sha256"]
+    assert len({tokenizer_fingerprint(corpus.fingerprint, cfg) for cfg in (SMALL, bounded)}) == 2
 
 
 def test_a_file_changed_after_training_is_detected(corpus, tmp_path):

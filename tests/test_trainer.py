@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from gptcore.checkpoint.files import load_checkpoint
 from gptcore.config import DeviceDefaults, ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
+from gptcore.data.batches import StepPlan, open_examples
+from gptcore.data.shards import SplitShards
 from gptcore.data.synthetic import synthetic_stream
+from gptcore.data.tokenfile import TokenFileManifest, write_manifest
 from gptcore.errors import CheckpointError, ConfigError, TrainingError
 from gptcore.model.gpt import GPT
 from gptcore.runtime.device import resolve_runtime
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.job import TrainJob
+from gptcore.train.setup import planned_steps
 from gptcore.train.step import accumulate_gradients
 from gptcore.train.trainer import train
 
@@ -145,6 +152,46 @@ def test_an_interrupted_and_resumed_run_equals_the_uninterrupted_one_bit_for_bit
     assert resumed.losses() == whole.losses()[4:]  # steps 5 and 6 replayed, to the last bit
     a, b = _final_weights(tmp_path / "whole"), _final_weights(tmp_path / "broken")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def write_split(folder: Path, tokens: np.ndarray, shard_tokens: int | None) -> Path:
+    """`tokens` as a split on disk: shards of `shard_tokens` with their manifest, or one file."""
+    folder.mkdir(parents=True)
+    manifest = TokenFileManifest("uint16", len(tokens), 1, 300, "", "test", "train", "", shards=None)
+    if shard_tokens is None:
+        tokens.astype("<u2").tofile(folder / "train.bin")
+        write_manifest(folder / "train.bin", manifest)
+        return folder / "train.bin"
+    writer = SplitShards(folder, "train", shard_tokens, "uint16")
+    writer.append(tokens.astype("<u2"), np.array([len(tokens)]), np.array([0]))
+    shards = [shard.to_dict() for shard in writer.finish()]
+    return write_manifest(folder / "train.manifest.json", replace(manifest, shards=shards))
+
+
+def test_a_sharded_split_trains_as_one_stream_and_resumes_bit_for_bit_across_shards(tmp_path: Path) -> None:
+    tokens = np.asarray(TRAIN.tokens)
+    single = write_split(tmp_path / "single", tokens, None)
+    sharded = write_split(tmp_path / "sharded", tokens, 1000)  # 17-token examples cross every boundary
+    assert len(json.loads(sharded.read_text())["shards"]) == 7
+    one_file, whole, broken, resumed = Recorder(), Recorder(), Recorder(stop_at=6), Recorder()
+    train(job(tmp_path / "one", train_tokens=single), one_file)
+    train(job(tmp_path / "whole", train_tokens=sharded), whole)
+    assert whole.losses() == one_file.losses(), "the same examples, whichever the layout"
+    with pytest.raises(KeyboardInterrupt):
+        train(job(tmp_path / "broken", train_tokens=sharded), broken)
+    train(job(tmp_path / "broken", train_tokens=sharded, resume=True), resumed)
+    assert resumed.losses() == whole.losses()[4:]
+    a, b = _final_weights(tmp_path / "whole"), _final_weights(tmp_path / "broken")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_max_tokens_sets_the_steps_from_the_global_batch() -> None:
+    plan = StepPlan(batch_size=8, grad_accum_steps=2)
+    examples = open_examples(TRAIN, TINY.block_size, TINY.vocab_size)
+    section = TrainingConfig(max_tokens=10_000, epochs=3)
+    assert planned_steps(section, examples, plan) == 40  # ceil(10,000 / (16 x 16))
+    assert planned_steps(section.model_copy(update={"max_steps": 7}), examples, plan) == 7
+    assert planned_steps(section.model_copy(update={"epochs": 1}), examples, plan) == 25  # 400 // 16
 
 
 def test_resume_with_a_different_config_is_refused_naming_the_keys(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
         TrainingConfig,
     )
     from gptcore.data.build import build_token_files
-    from gptcore.data.corpus import load_corpus
+    from gptcore.data.corpus import open_corpus
     from gptcore.data.tokenizer import train_tokenizer
     from gptcore.train.job import TrainJob
     from gptcore.train.trainer import train
@@ -74,7 +74,7 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     paths = [str(stdlib / "json" / "*.py"), str(stdlib / "email" / "*.py")]
-    corpus = load_corpus(
+    corpus = open_corpus(
         CorpusConfig(source="local", paths=paths, validation_fraction=0.2, test_fraction=0.2)
     )
     tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)

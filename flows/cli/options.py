@@ -67,7 +67,7 @@ def batch_size_value(text: str | None) -> int | str | None:
 def json_lines_only(asked: bool) -> None:
     """`--json`: no progress bar, JSON lines alone, also on a terminal (for this process and its children)."""
     if asked:
-        from gptcore.train.progress_bar import JSON_ONLY
+        from gptcore.tools.console import JSON_ONLY
 
         os.environ[JSON_ONLY] = "1"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptcore.data.tokenfile import TokenStream, check_vocabulary, open_tokens
 from gptcore.distributed.group import rank_micro_batches
 from gptcore.errors import DataError
-from gptcore.data.tokenfile import TokenStream, check_vocabulary, open_tokens
 
 
 @dataclass(frozen=True)

@@ -1,66 +1,79 @@
-"""Token files: every document encoded, followed by the end-of-text id, streamed to disk.
+"""Token files: the corpus encoded by worker processes into shards, resumable after any kill.
 
-Train and validation become `<data_root>/tokens/<fingerprint>/{train,validation}.bin` (flat little-endian
-uint16 when the vocabulary fits, else uint32) with `*.bin.manifest.json` beside each and a folder
-`manifest.json`. Documents go through the encoder in slices of about a megabyte on every core, and each
-slice's ids are written as soon as they come back, so memory stays bounded by a few slices. The folder is
-written under a hidden temporary name and renamed when complete.
+`<data_root>/tokens/<fingerprint>/` holds, per split, shards `train-000000.bin`, ... of `shard_tokens`
+flat little-endian ids (uint16 when the vocabulary fits, else uint32; every document followed by the
+end-of-text id), the split's manifest `train.manifest.json` listing them (what trainers open), and the
+folder's `manifest.json`.
+
+How it stays bounded, parallel and resumable:
+- The corpus comes as units of a few megabytes (`gptcore.data.corpus`); `data.workers` processes each
+  read, split and encode whole units (`gptcore.data.encode_worker`), at most two per worker in flight.
+- The parent appends the units' ids in unit order, cutting shards by count and budgets at document
+  boundaries: the shards are a function of the corpus and the tokenizer alone, whatever the workers.
+- Everything is written in `.<fingerprint>.building/` beside the final folder. Every couple of
+  seconds the open shards are synced and `progress.json` records how far the units went; killed at
+  any moment, the same call carries on from there (units after the entry are encoded again, shards
+  past it removed) and ends with the same bytes. The folder is renamed into place when complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import sys
+import multiprocessing
+import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
+from filelock import FileLock
 
-from gptcore.data.corpus import SPLITS, Corpus, iter_texts
-from gptcore.errors import ConfigError, DataError
-from gptcore.data.encoders import Encoder, HFEncoder, first_difference, make_encoder
+from gptcore.config import DataConfig
+from gptcore.data import encode_worker
+from gptcore.data.corpus import Corpus, SplitStats
+from gptcore.data.documents import SPLITS
+from gptcore.data.encode_worker import EncoderMismatch, EncodeSettings, UnitTokens
+from gptcore.data.encoders import workers as cores
+from gptcore.data.progress import DataProgress
+from gptcore.data.shards import SplitShards
+from gptcore.data.tokenfile import FORMAT_VERSION, TokenFileManifest, dtype_for_vocab, write_manifest
+from gptcore.data.tokenizer import TokenizerManifest
+from gptcore.errors import ConfigError, DataError, DiskFullError
+from gptcore.tools.atomic import publish_directory, remove_abandoned, write_json_atomic
+from gptcore.tools.disk_space import free_bytes, is_disk_full, megabytes
 from gptcore.tools.fingerprint import code_version_of, fingerprint
-from gptcore.tools.atomic import publish_directory, staging_directory
-from gptcore.data.tokenfile import (
-    FORMAT_VERSION,
-    TokenFileManifest,
-    dtype_for_vocab,
-    manifest_path,
-    write_manifest,
-)
-from gptcore.data.tokenizer import TokenizerManifest, load_tokenizer
 
 ENCODERS = ("auto", "tiktoken", "tokenizers")
 FOLDER_MANIFEST = "manifest.json"
-SLICE_DOCUMENTS = 16384
+JOURNAL = "progress.json"
 VERIFY_FRACTION = 0.02  # share of documents the fast encoder is checked on against encode_batch_fast
-VERIFY_MAX_CHARACTERS = 1 << 16
+JOURNAL_EVERY_SECONDS = 2.0  # at most this much encoding is done again after a kill
 
 
 @dataclass(frozen=True)
 class SplitTokens:
-    """One split's token file in the folder: where it is, its hash and its counts."""
+    """One split in the folder: its manifest (the path trainers open), its shards and its counts."""
 
     split: str
-    path: str
+    path: str  # <folder>/<split>.manifest.json
     manifest_path: str
-    sha256: str
+    sha256: str  # of the shards' sha256s in order: one digest for the split
     tokens: int
     documents: int
     text_bytes: int = 0  # the split's documents in UTF-8: the denominator of bits per byte
+    replaced_bytes: int = 0
+    shards: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class TokenFolderManifest:
-    """The token folder's `manifest.json`: how it was built and its splits (each file also has its own
-    `TokenFileManifest` beside it, which readers of a single file use)."""
+    """The token folder's `manifest.json`: how it was built, what the budgets kept, and its splits."""
 
     fingerprint: str
     corpus_fingerprint: str
@@ -77,7 +90,13 @@ class TokenFolderManifest:
     tokens_per_second: float
     fallback_reason: str | None = None
     format_version: int = FORMAT_VERSION
-    code_version: str = field(default="")
+    code_version: str = ""
+    shard_tokens: int = 0
+    workers: int = 1
+    empty_documents_skipped: int = 0
+    source: dict[str, Any] = field(default_factory=dict)  # Corpus.to_dict()
+    budget: dict[str, Any] = field(default_factory=dict)  # the limits, and whether they cut the source
+    resumed_at_unit: int = 0  # 0: built from the start
 
     @property
     def train(self) -> SplitTokens:
@@ -101,146 +120,103 @@ class TokenFolderManifest:
 
 
 def _code_version() -> str:
-    import gptcore.data.encoders
     import gptcore.data.build
+    import gptcore.data.encode_worker
+    import gptcore.data.encoders
+    import gptcore.data.shards
     import gptcore.data.tokenfile
 
-    return code_version_of(gptcore.data.build, gptcore.data.encoders, gptcore.data.tokenfile)
-
-
-def token_files_fingerprint(corpus_fingerprint: str, tokenizer: TokenizerManifest) -> str:
-    """Corpus + tokenizer (by fingerprint and content) + this code and format: what decides the files."""
-    return fingerprint(
-        "tokens", corpus_fingerprint, tokenizer.fingerprint, tokenizer.sha256, _code_version(), FORMAT_VERSION
+    return code_version_of(
+        gptcore.data.build,
+        gptcore.data.encoders,
+        gptcore.data.encode_worker,
+        gptcore.data.shards,
+        gptcore.data.tokenfile,
     )
 
 
-class EncoderMismatch(Exception):
-    """The fast encoder gave other ids than the reference on a checked document."""
+def token_files_fingerprint(
+    corpus_fingerprint: str, tokenizer: TokenizerManifest, data: DataConfig | None = None
+) -> str:
+    """Corpus + tokenizer (by fingerprint and content) + shard size and budget + this code and format:
+    what decides the files (the number of workers does not)."""
+    data = data or DataConfig()
+    layout = {"shard_tokens": data.shard_tokens, "max_tokens": data.max_tokens}
+    return fingerprint(
+        "tokens",
+        corpus_fingerprint,
+        tokenizer.fingerprint,
+        tokenizer.sha256,
+        layout,
+        _code_version(),
+        FORMAT_VERSION,
+    )
 
 
-# --- encoding in parallel, in order ---------------------------------------------------------------
+# --- encoding units in worker processes, handed back in unit order ----------------------------------
 
 
-def _slices(dataset: datasets.Dataset, characters: int) -> Iterator[tuple[int, list[str]]]:
-    """(index of the first document, documents) in slices of about `characters` characters."""
-    start, texts, size = 0, [], 0
-    for batch in iter_texts(dataset, batch_size=256):
-        for text in batch:
-            texts.append(text)
-            size += len(text)
-            if size >= characters or len(texts) >= SLICE_DOCUMENTS:
-                yield start, texts
-                start, texts, size = start + len(texts), [], 0
-    if texts:
-        yield start, texts
+@contextlib.contextmanager
+def encoding(settings: EncodeSettings, workers: int) -> Iterator[Callable[[Iterable], Iterator[UnitTokens]]]:
+    """`encode(units)` yields each unit's `UnitTokens` in unit order; one worker encodes in this process."""
+    if workers == 1:
+        encode_worker.start(settings, in_process=True)
+        yield lambda units: (encode_worker.encode_unit(unit) for unit in units)
+        return
+    pool = ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),  # the parent may hold threads and CUDA: never fork
+        initializer=encode_worker.start,
+        initargs=(settings,),
+    )
+    try:
+        yield lambda units: _in_order(pool, units, 2 * workers)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # at most the units already started finish
 
 
-def _ordered(work: Callable[[Any], Any], items: Iterator[Any], threads: int) -> Iterator[tuple[Any, Any]]:
-    """(item, result) in input order, with a bounded number of items in flight on `threads` threads."""
-    window = 2 * threads
-    with ThreadPoolExecutor(threads, thread_name_prefix="encode") as pool:
-        pending: deque[tuple[Any, Future]] = deque()
-        for item in items:
-            pending.append((item, pool.submit(work, item)))
-            if len(pending) >= window:
-                done, future = pending.popleft()
-                yield done, future.result()
-        while pending:
-            done, future = pending.popleft()
-            yield done, future.result()
+def _in_order(pool: ProcessPoolExecutor, units: Iterable, window: int) -> Iterator[UnitTokens]:
+    pending: deque[Future] = deque()
+    for unit in units:
+        pending.append(pool.submit(encode_worker.encode_unit, unit))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
-def _join(arrays: Sequence[np.ndarray], end_of_text_id: int) -> np.ndarray:
-    """The documents' ids, each followed by the end-of-text id, as one uint32 array."""
-    out = np.empty(sum(len(array) for array in arrays) + len(arrays), dtype=np.uint32)
-    position = 0
-    for array in arrays:
-        out[position : position + len(array)] = array
-        position += len(array)
-        out[position] = end_of_text_id
-        position += 1
-    return out
-
-
-def _sampled(first_index: int, texts: Sequence[str], fraction: float) -> list[int]:
-    """A deterministic spread of positions within a slice, skipping the largest documents.
-
-    The reference encodes one document on one core, so a huge one would stall the build; the
-    benchmark compares every document, these included.
-    """
-    modulus = 10007
-    return [
-        offset
-        for offset, text in enumerate(texts)
-        if ((first_index + offset) * 2654435761) % modulus < fraction * modulus
-        and len(text) <= VERIFY_MAX_CHARACTERS
-    ]
-
-
-# --- writing one split ----------------------------------------------------------------------------
+# --- budgets ----------------------------------------------------------------------------------------
 
 
 @dataclass
-class _Written:
-    sha256: str
-    tokens: int
-    documents: int
-    verified: int
+class Tally:
+    """What the build has kept so far, in source order: what budgets and statistics read."""
+
+    documents: int = 0
+    text_bytes: int = 0
+    train_tokens: int = 0
+    source_bytes: int = 0
+    tokens: int = 0
+    empty: int = 0
+    verified: int = 0
+    splits: dict[str, list[int]] = field(default_factory=lambda: {split: [0, 0, 0] for split in SPLITS})
 
 
-def _write_split(
-    dataset: datasets.Dataset,
-    path: Path,
-    encoder: Encoder,
-    reference: Encoder | None,
-    *,
-    dtype: str,
-    vocab_size: int,
-    end_of_text_id: int,
-    verify_fraction: float,
-    advance: Callable[[int], None],
-) -> _Written:
-    reference = reference if verify_fraction > 0 else None
-    digest = hashlib.sha256()
-    tokens = documents = verified = 0
-    file_dtype = np.dtype(dtype).newbyteorder("<")
-
-    def encode(item: tuple[int, list[str]]) -> tuple[np.ndarray, int]:
-        # On the worker threads: encoding, checking against the reference and joining all run in parallel.
-        first, texts = item
-        arrays = encoder.encode_batch(texts)
-        checked = _verify(first, texts, arrays, reference, verify_fraction) if reference else 0
-        return _join(arrays, end_of_text_id), checked
-
-    with open(path, "wb") as out:
-        for (_, texts), (ids, checked) in _ordered(
-            encode, _slices(dataset, encoder.slice_characters), encoder.threads
-        ):
-            verified += checked
-            if len(ids) and int(ids.max()) >= vocab_size:
-                raise DataError(
-                    f"{path}: encoder produced id {int(ids.max())} outside the vocabulary {vocab_size}"
-                )
-            chunk = ids.astype(file_dtype, copy=False)
-            out.write(chunk.data)
-            digest.update(chunk.data)
-            tokens += len(chunk)
-            documents += len(texts)
-            advance(len(texts))
-    return _Written(digest.hexdigest(), tokens, documents, verified)
-
-
-def _verify(
-    first: int, texts: list[str], arrays: list[np.ndarray], reference: Encoder, fraction: float
-) -> int:
-    chosen = _sampled(first, texts, fraction)
-    if not chosen:
-        return 0
-    wrong = first_difference([texts[i] for i in chosen], [arrays[i] for i in chosen], reference)
-    if wrong is not None:
-        raise EncoderMismatch(f"document {first + chosen[wrong]} encodes differently")
-    return len(chosen)
+def _kept(documents: np.ndarray, tally: Tally, corpus: Corpus, data: DataConfig) -> int:
+    """How many of a unit's documents the budgets keep: each limit keeps documents until it is reached."""
+    keep = len(documents)
+    cfg = corpus.cfg
+    if cfg.max_documents is not None:
+        keep = min(keep, max(cfg.max_documents - tally.documents, 0))
+    limits = [
+        (cfg.max_bytes, tally.text_bytes, documents["bytes"].astype(np.int64)),
+        (data.max_tokens, tally.train_tokens, np.where(documents["split"] == 0, documents["tokens"], 0)),
+    ]
+    for limit, before, sizes in limits:
+        if limit is not None:
+            reached = before + np.cumsum(sizes, dtype=np.int64) >= limit
+            keep = min(keep, int(np.argmax(reached)) + 1 if reached.any() else keep)
+    return keep
 
 
 # --- the stage ------------------------------------------------------------------------------------
@@ -251,127 +227,296 @@ def build_token_files(
     tokenizer: TokenizerManifest,
     data_root: Path,
     *,
+    data: DataConfig | None = None,
     encoder: str = "auto",
     verify_fraction: float = VERIFY_FRACTION,
 ) -> TokenFolderManifest:
-    """Encode both splits into `<data_root>/tokens/<fingerprint>/`; the folder appears only when complete.
+    """Encode train, validation and test into shards under `<data_root>/tokens/<fingerprint>/`.
 
     `encoder`: `auto` (tiktoken where it reproduces the tokenizer, else `encode_batch_fast`),
     `tiktoken` or `tokenizers`. A fast encoder is checked on `verify_fraction` of the documents against
     `encode_batch_fast`; on any difference the build starts over with `encode_batch_fast`.
+    A build of the same folder left unfinished (killed) is carried on from its journal.
     """
     if encoder not in ENCODERS:
         raise ConfigError(f"encoder {encoder!r} is not allowed: expected one of {', '.join(ENCODERS)}")
-    started = time.perf_counter()
-    key = token_files_fingerprint(corpus.fingerprint, tokenizer)
+    data = data or DataConfig()
+    key = token_files_fingerprint(corpus.fingerprint, tokenizer, data)
     final = Path(data_root).resolve() / "tokens" / key
-    reference = HFEncoder(load_tokenizer(tokenizer))
-    chosen = reference if encoder == "tokenizers" else make_encoder(tokenizer.path, encoder)
-    fallback = None
-    # At most one token a text byte (byte-level BPE), at the token files' width.
-    itemsize = np.dtype(dtype_for_vocab(tokenizer.vocab_size)).itemsize
-    needed = sum(stats.bytes for stats in corpus.stats.values()) * itemsize
-    with staging_directory(final, needed) as staging:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(final.parent, key)
+    building = final.with_name(f".{key}.building")
+    with FileLock(str(final.with_name(f".{key}.lock"))), _out_of_space(final, building):
+        build = _Build(corpus, tokenizer, data, building, final, key, verify_fraction)
         try:
-            written = _write_splits(corpus, tokenizer, staging, chosen, reference, verify_fraction)
+            return build.run(encoder)
         except EncoderMismatch as mismatch:
-            fallback = f"{chosen.name}: {mismatch}; rebuilt with {reference.name}"
-            chosen = reference
-            written = _write_splits(corpus, tokenizer, staging, reference, None, 0.0)
-        seconds = time.perf_counter() - started
-        manifest = _folder_manifest(corpus, tokenizer, key, final, chosen, written, seconds, fallback)
-        _write_file_manifests(staging, corpus, tokenizer, manifest)
-        publish_directory(staging, final)
-    return manifest
+            shutil.rmtree(building, ignore_errors=True)
+            fallback = f"{build.encoder_name}: {mismatch}; rebuilt with tokenizers"
+            return _Build(corpus, tokenizer, data, building, final, key, 0.0, fallback).run("tokenizers")
 
 
-def _write_splits(
-    corpus: Corpus,
-    tokenizer: TokenizerManifest,
-    staging: Path,
-    encoder: Encoder,
-    reference: Encoder | None,
-    verify_fraction: float,
-) -> dict[str, _Written]:
-    with _progress(sum(len(split) for split in corpus.splits.values())) as advance:
-        return {
-            split: _write_split(
-                corpus.splits[split],
-                staging / f"{split}.bin",
-                encoder,
-                reference if encoder is not reference else None,
-                dtype=dtype_for_vocab(tokenizer.vocab_size),
-                vocab_size=tokenizer.vocab_size,
-                end_of_text_id=tokenizer.end_of_text_id,
-                verify_fraction=verify_fraction,
-                advance=advance,
+class _Build:
+    """One run of the build: the journal, the shard writers, the loop over units."""
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        tokenizer: TokenizerManifest,
+        data: DataConfig,
+        building: Path,
+        final: Path,
+        key: str,
+        verify_fraction: float,
+        fallback: str | None = None,
+    ) -> None:
+        self.corpus, self.tokenizer, self.data = corpus, tokenizer, data
+        self.building, self.final, self.key = building, final, key
+        self.verify_fraction = verify_fraction
+        self.fallback = fallback
+        self.dtype = dtype_for_vocab(tokenizer.vocab_size)
+        self.workers = data.workers or cores()
+        self.encoder_name = ""
+
+    def run(self, encoder: str) -> TokenFolderManifest:
+        started = time.perf_counter()
+        journal = self._journal(encoder)
+        self.encoder_name = (
+            journal["encoder"] if journal["encoder"] != "auto" else expected_encoder(self.tokenizer)
+        )
+        tally = Tally(**{name: value for name, value in journal["tally"].items()})
+        resumed_at = journal["next_unit"]
+        writers = {
+            split: SplitShards(
+                self.building, split, self.data.shard_tokens, self.dtype, journal["splits"].get(split)
             )
             for split in SPLITS
         }
-
-
-def _folder_manifest(
-    corpus: Corpus,
-    tokenizer: TokenizerManifest,
-    key: str,
-    final: Path,
-    encoder: Encoder,
-    written: dict[str, _Written],
-    seconds: float,
-    fallback: str | None,
-) -> TokenFolderManifest:
-    files = {
-        split: SplitTokens(
-            split=split,
-            path=str(final / f"{split}.bin"),
-            manifest_path=str(manifest_path(final / f"{split}.bin")),
-            sha256=result.sha256,
-            tokens=result.tokens,
-            documents=result.documents,
-            text_bytes=corpus.stats[split].bytes,
+        settings = EncodeSettings(
+            tokenizer_path=self.tokenizer.path,
+            encoder=journal["encoder_asked"],
+            verify_fraction=self.verify_fraction,
+            end_of_text_id=self.tokenizer.end_of_text_id,
+            vocab_size=self.tokenizer.vocab_size,
+            dtype=self.dtype,
+            reading=self.corpus.reading,
         )
-        for split, result in written.items()
-    }
-    total = sum(result.tokens for result in written.values())
-    return TokenFolderManifest(
-        fingerprint=key,
-        corpus_fingerprint=corpus.fingerprint,
-        tokenizer_fingerprint=tokenizer.fingerprint,
-        tokenizer_sha256=tokenizer.sha256,
-        directory=str(final),
-        dtype=dtype_for_vocab(tokenizer.vocab_size),
-        vocab_size=tokenizer.vocab_size,
-        end_of_text_id=tokenizer.end_of_text_id,
-        encoder=encoder.name,
-        verified_documents=sum(result.verified for result in written.values()),
-        files=files,
-        seconds=round(seconds, 3),
-        tokens_per_second=round(total / seconds, 1) if seconds > 0 else 0.0,
-        fallback_reason=fallback,
-        code_version=_code_version(),
-    )
+        progress = DataProgress("tokens", self.corpus.source_bytes, tally.source_bytes)
+        new_tokens = 0
+        last_entry = time.perf_counter()
+        try:
+            with encoding(settings, self.workers) as encode:
+                for result in encode([] if journal["cut"] else self.corpus.units(skip=resumed_at)):
+                    journal["encoder"] = self.encoder_name = result.encoder
+                    cut = self._append(result, tally, writers)
+                    new_tokens += sum(len(ids) for ids in result.ids.values())
+                    journal["next_unit"] = result.index + 1
+                    progress.update(tally.documents, tally.source_bytes, tally.tokens, new_tokens)
+                    if result.index == resumed_at:
+                        self._check_space(tally)
+                    if cut or time.perf_counter() - last_entry >= JOURNAL_EVERY_SECONDS:
+                        self._write_journal(journal, tally, writers)
+                        last_entry = time.perf_counter()
+                    if cut:
+                        journal["cut"] = True
+                        break
+        finally:
+            progress.close()
+        return self._finish(journal, tally, writers, started, resumed_at, new_tokens)
 
+    # -- the journal --
 
-def _write_file_manifests(
-    staging: Path, corpus: Corpus, tokenizer: TokenizerManifest, manifest: TokenFolderManifest
-) -> None:
-    for split, token_file in manifest.files.items():
-        write_manifest(
-            staging / f"{split}.bin",
-            TokenFileManifest(
-                dtype=manifest.dtype,
-                token_count=token_file.tokens,
-                document_count=token_file.documents,
-                vocab_size=tokenizer.vocab_size,
-                tokenizer_sha256=tokenizer.sha256,
-                corpus_fingerprint=corpus.fingerprint,
+    def _journal(self, encoder: str) -> dict[str, Any]:
+        """The entry of an unfinished build of this folder, or a fresh folder and entry."""
+        path = self.building / JOURNAL
+        if path.is_file():
+            with contextlib.suppress(json.JSONDecodeError, OSError, KeyError):
+                entry = json.loads(path.read_text(encoding="utf-8"))
+                if entry["key"] == self.key and entry["encoder_asked"] == encoder:
+                    return entry
+        shutil.rmtree(self.building, ignore_errors=True)
+        self.building.mkdir(parents=True)
+        return {
+            "key": self.key,
+            "encoder_asked": encoder,
+            "encoder": encoder,
+            "next_unit": 0,
+            "cut": False,
+            "tally": asdict(Tally()),
+            "splits": {},
+        }
+
+    def _write_journal(self, journal: dict[str, Any], tally: Tally, writers: dict[str, SplitShards]) -> None:
+        journal["splits"] = {split: writer.sync() for split, writer in writers.items()}
+        journal["tally"] = asdict(tally)
+        write_json_atomic(self.building / JOURNAL, journal)
+
+    # -- one unit --
+
+    def _append(self, result: UnitTokens, tally: Tally, writers: dict[str, SplitShards]) -> bool:
+        """Append a unit's kept documents to the shards; True when a budget ended the source here."""
+        documents = result.documents
+        keep = _kept(documents, tally, self.corpus, self.data)
+        kept = documents[:keep]
+        for number, split in enumerate(SPLITS):
+            mine = kept[kept["split"] == number]
+            lengths = mine["tokens"].astype(np.int64)
+            ids = result.ids[split][: int(lengths.sum())]
+            writers[split].append(ids, lengths, mine["bytes"])
+            counts = tally.splits[split]
+            counts[0] += len(mine)
+            counts[1] += int(mine["bytes"].sum())
+            counts[2] += int(mine["replaced"].sum())
+            tally.tokens += len(ids)
+            if split == "train":
+                tally.train_tokens += len(ids)
+        tally.documents += keep
+        tally.text_bytes += int(kept["bytes"].sum())
+        tally.source_bytes += result.source_bytes
+        tally.empty += result.empty
+        tally.verified += result.verified
+        return keep < len(documents) or self._budget_reached(tally)
+
+    def _budget_reached(self, tally: Tally) -> bool:
+        cfg, data = self.corpus.cfg, self.data
+        return (
+            (cfg.max_documents is not None and tally.documents >= cfg.max_documents)
+            or (cfg.max_bytes is not None and tally.text_bytes >= cfg.max_bytes)
+            or (data.max_tokens is not None and tally.train_tokens >= data.max_tokens)
+        )
+
+    def _check_space(self, tally: Tally) -> None:
+        """After the first unit: the tokens per source byte it gave, times what is left of the source,
+        against the free space; refused in one line (the journal kept) when it will not fit."""
+        total = self.corpus.source_bytes
+        if not total or not tally.source_bytes:
+            return
+        itemsize = np.dtype(self.dtype).itemsize
+        needed = int(tally.tokens / tally.source_bytes * (total - tally.source_bytes) * itemsize * 1.1)
+        free = free_bytes(self.building)
+        if free is not None and needed > free:
+            raise DiskFullError(
+                f"{self.final}: the token files need about {megabytes(needed)} more, {megabytes(free)} are "
+                f"free there; free space and run again (what is written is kept in {self.building.name})"
+            )
+
+    # -- the end --
+
+    def _finish(
+        self,
+        journal: dict[str, Any],
+        tally: Tally,
+        writers: dict[str, SplitShards],
+        started: float,
+        resumed_at: int,
+        new_tokens: int,
+    ) -> TokenFolderManifest:
+        stats = self._stats(tally)
+        files = {}
+        for split, writer in writers.items():
+            shards = [shard.to_dict() for shard in writer.finish()]
+            digest = hashlib.sha256("".join(shard["sha256"] for shard in shards).encode()).hexdigest()
+            files[split] = SplitTokens(
                 split=split,
-                sha256=token_file.sha256,
-                end_of_text_id=tokenizer.end_of_text_id,
-                text_bytes=token_file.text_bytes,
-            ),
+                path=str(self.final / f"{split}.manifest.json"),
+                manifest_path=str(self.final / f"{split}.manifest.json"),
+                sha256=digest,
+                tokens=sum(shard["tokens"] for shard in shards),
+                documents=stats[split].documents,
+                text_bytes=stats[split].bytes,
+                replaced_bytes=stats[split].replaced_bytes,
+                shards=shards,
+            )
+        seconds = time.perf_counter() - started
+        manifest = TokenFolderManifest(
+            fingerprint=self.key,
+            corpus_fingerprint=self.corpus.fingerprint,
+            tokenizer_fingerprint=self.tokenizer.fingerprint,
+            tokenizer_sha256=self.tokenizer.sha256,
+            directory=str(self.final),
+            dtype=self.dtype,
+            vocab_size=self.tokenizer.vocab_size,
+            end_of_text_id=self.tokenizer.end_of_text_id,
+            encoder=self.encoder_name,
+            verified_documents=tally.verified,
+            files=files,
+            seconds=round(seconds, 3),
+            tokens_per_second=round(new_tokens / seconds, 1) if seconds > 0 else 0.0,
+            fallback_reason=self.fallback,
+            code_version=_code_version(),
+            shard_tokens=self.data.shard_tokens,
+            workers=self.workers,
+            empty_documents_skipped=tally.empty,
+            source=self.corpus.to_dict(),
+            budget={
+                "max_documents": self.corpus.cfg.max_documents,
+                "max_bytes": self.corpus.cfg.max_bytes,
+                "max_tokens": self.data.max_tokens,
+                "cut_the_source": bool(journal.get("cut")),
+            },
+            resumed_at_unit=resumed_at,
         )
-    (staging / FOLDER_MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2), encoding="utf-8")
+        self._write_manifests(manifest)
+        (self.building / JOURNAL).unlink(missing_ok=True)
+        publish_directory(self.building, self.final)
+        return manifest
+
+    def _stats(self, tally: Tally) -> dict[str, SplitStats]:
+        stats = {split: SplitStats(*tally.splits[split]) for split in SPLITS}
+        where = self.corpus.source
+        if tally.documents == 0:
+            raise DataError(f"{where}: the corpus holds no documents (every one is empty)")
+        cfg = self.corpus.cfg
+        for name, split in stats.items():
+            if split.documents == 0:
+                raise DataError(
+                    f"{where}: the {name} split is empty ({tally.documents} documents, "
+                    f"corpus.validation_fraction {cfg.validation_fraction}, corpus.test_fraction "
+                    f"{cfg.test_fraction}); add documents or change the fractions"
+                )
+        return stats
+
+    def _write_manifests(self, manifest: TokenFolderManifest) -> None:
+        for split, tokens in manifest.files.items():
+            write_manifest(
+                self.building / f"{split}.manifest.json",
+                TokenFileManifest(
+                    dtype=manifest.dtype,
+                    token_count=tokens.tokens,
+                    document_count=tokens.documents,
+                    vocab_size=manifest.vocab_size,
+                    tokenizer_sha256=manifest.tokenizer_sha256,
+                    corpus_fingerprint=manifest.corpus_fingerprint,
+                    split=split,
+                    sha256=tokens.sha256,
+                    end_of_text_id=manifest.end_of_text_id,
+                    text_bytes=tokens.text_bytes,
+                    shards=tokens.shards,
+                ),
+            )
+        write_json_atomic(self.building / FOLDER_MANIFEST, manifest.to_dict())
+
+
+@contextlib.contextmanager
+def _out_of_space(final: Path, building: Path) -> Iterator[None]:
+    """A full disk mid-build: one line; the journal and the shards it names are kept for the next run."""
+    try:
+        yield
+    except OSError as error:
+        if not is_disk_full(error):
+            raise
+        raise DiskFullError(
+            f"{final}: no space left on the disk ({megabytes(free_bytes(building))} free); the shards "
+            f"written so far are kept in {building.name}: free space and run again to carry on"
+        ) from None
+
+
+def expected_encoder(tokenizer: TokenizerManifest) -> str:
+    """The encoder `auto` picks for this tokenizer."""
+    from gptcore.data.encoders import why_not_tiktoken
+
+    spec = json.loads(Path(tokenizer.path).read_text(encoding="utf-8"))
+    return "tiktoken" if why_not_tiktoken(spec) is None else "tokenizers"
 
 
 def read_token_folder_manifest(folder: Path) -> TokenFolderManifest:
@@ -384,26 +529,3 @@ def read_token_folder_manifest(folder: Path) -> TokenFolderManifest:
         raise DataError(
             f"{path}: unreadable token-files manifest ({type(error).__name__}: {error})"
         ) from None
-
-
-class _progress:
-    """A rich progress bar over documents on a terminal; silent otherwise."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.bar: Any = None
-
-    def __enter__(self) -> Callable[[int], None]:
-        if not sys.stderr.isatty():
-            return lambda count: None
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self.bar = Progress(console=Console(stderr=True), transient=True)
-        self.bar.start()
-        task = self.bar.add_task("encoding documents", total=self.total)
-        return lambda count: self.bar.advance(task, count)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()

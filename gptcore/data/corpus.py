@@ -1,39 +1,45 @@
-"""Corpus sources: documents from the standard library, local files or the hub, as Arrow datasets.
+"""Corpus sources: the standard library, local files of any total size, or a hub dataset, as units.
 
-Every source ends as two `datasets.Dataset`s with one `text` column, split into train and validation by
-a seeded hash of each document's content, so a document stays on its side when others are added.
-The corpus fingerprint hashes what determines the documents (file contents, or the documents
-themselves for hub datasets), the split settings and this module's code; modification times play no part.
+A `Corpus` never holds the documents. It names the source, its fingerprint and how to cut it into
+units (`gptcore.data.documents`): local files are planned up front (sizes and parquet footers only), a
+hub dataset's units come as its rows are read, streamed when `corpus.streaming` is set. Each document
+goes to train, validation or test by a seeded hash of its content, so it keeps its side when others
+are added. The fingerprint hashes what determines the documents (file contents; a non-streamed hub
+dataset's documents; a streamed one's name, config, split and revision), the settings that decide
+documents and split, and this code; modification times play no part.
 """
 
 from __future__ import annotations
 
-import codecs
 import glob
 import hashlib
 import os
 import sysconfig
 import tempfile
-import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
-
 from gptcore.config import CorpusConfig
+from gptcore.data.documents import (
+    SPLITS,
+    UNIT_BYTES,
+    Reading,
+    Segment,
+    Unit,
+    decode_utf8,
+    split_of,
+)
 from gptcore.errors import ConfigError, DataError
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 
+__all__ = ["SPLITS", "Corpus", "SplitStats", "corpus_fingerprint", "decode_utf8", "open_corpus", "split_of"]
+
 BUILTIN_STDLIB = "builtin:python-stdlib"
-SPLITS = ("train", "validation", "test")
 _STRUCTURED_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 _GLOB_CHARS = set("*?[")
 _HASH_BATCH = 4096
-
-
-# --- the result -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -45,58 +51,33 @@ class SplitStats:
 
 @dataclass(frozen=True)
 class Corpus:
-    """The documents of each split (Arrow, one `text` column) and what identifies them."""
+    """A source cut into units, and what identifies its documents."""
 
-    splits: dict[str, datasets.Dataset]  # train, validation, test
+    cfg: CorpusConfig
     fingerprint: str
-    source: str
-    stats: dict[str, SplitStats]
-    empty_documents_skipped: int
+    source: str  # for people: builtin:..., local:paths, hub:name/config:split
+    reading: Reading
+    planned: tuple[Unit, ...] | None  # local sources: every unit; hub: None (they come as rows are read)
+    source_bytes: int | None  # what the units cover in all (None for a stream)
+    cache_dir: str | None = None
 
-    @property
-    def train(self) -> datasets.Dataset:
-        return self.splits["train"]
-
-    @property
-    def validation(self) -> datasets.Dataset:
-        return self.splits["validation"]
-
-    @property
-    def test(self) -> datasets.Dataset:
-        """Held out: never trained on, never used to choose a checkpoint or to gate (the evaluate stage)."""
-        return self.splits["test"]
+    def units(self, skip: int = 0) -> Iterator[Unit]:
+        """The units in source order from the `skip`-th on (a hub source still reads the ones skipped)."""
+        if self.planned is not None:
+            yield from self.planned[skip:]
+            return
+        for unit in _stream_units(_hub_texts(self.cfg, self.cache_dir)):
+            if unit.index >= skip:
+                yield unit
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
             "source": self.source,
-            "stats": {name: asdict(stats) for name, stats in self.stats.items()},
-            "empty_documents_skipped": self.empty_documents_skipped,
+            "format": self.reading.format,
+            "units": len(self.planned) if self.planned is not None else None,
+            "source_bytes": self.source_bytes,
         }
-
-
-# --- decoding, with undecodable bytes replaced and counted ------------------------------------------
-
-_replaced = threading.local()
-
-
-def _count_and_replace(error: UnicodeError) -> tuple[str, int]:
-    assert isinstance(error, UnicodeDecodeError)
-    _replaced.count += error.end - error.start
-    return "\ufffd", error.end
-
-
-codecs.register_error("gptcore-count-replace", _count_and_replace)
-
-
-def decode_utf8(raw: bytes) -> tuple[str, int]:
-    """The text, and how many undecodable bytes were replaced by U+FFFD."""
-    try:
-        return raw.decode("utf-8"), 0
-    except UnicodeDecodeError:
-        _replaced.count = 0
-        text = raw.decode("utf-8", "gptcore-count-replace")
-        return text, _replaced.count
 
 
 # --- finding files ----------------------------------------------------------------------------------
@@ -178,18 +159,24 @@ def _settings(cfg: CorpusConfig, file_format: str) -> dict[str, Any]:
         "test_fraction": cfg.test_fraction,
         "split_seed": cfg.split_seed,
         "max_documents": cfg.max_documents,
+        "max_bytes": cfg.max_bytes,
     }
     if file_format == "text":
         settings["document_per"] = cfg.document_per
     else:
         settings["text_field"] = cfg.text_field
+    if file_format == "stream":
+        settings.update(
+            name=cfg.hub_name, config=cfg.hub_config, split=cfg.hub_split, revision=cfg.hub_revision
+        )
     return settings
 
 
 def _corpus_code_version() -> str:
     import gptcore.data.corpus
+    import gptcore.data.documents
 
-    return code_version_of(gptcore.data.corpus)
+    return code_version_of(gptcore.data.corpus, gptcore.data.documents)
 
 
 def _files_fingerprint(cfg: CorpusConfig, file_format: str, file_hashes: Iterable[str]) -> str:
@@ -197,11 +184,9 @@ def _files_fingerprint(cfg: CorpusConfig, file_format: str, file_hashes: Iterabl
 
 
 def corpus_fingerprint(cfg: CorpusConfig, cache_dir: Path | None = None) -> str:
-    """The fingerprint `load_corpus` would give; for file sources it only hashes the files' bytes."""
-    if cfg.source == "hub":
-        return load_corpus(cfg, cache_dir).fingerprint
-    files, file_format = _source_files(cfg)
-    return _files_fingerprint(cfg, file_format, (_sha256_file(path) for path in files))
+    """The fingerprint `open_corpus` gives: file sources hash their files' bytes (each file read once),
+    a hub dataset its documents, a streamed one its name, config, split and revision."""
+    return open_corpus(cfg, cache_dir).fingerprint
 
 
 def _sha256_file(path: Path) -> str:
@@ -211,94 +196,21 @@ def _sha256_file(path: Path) -> str:
         raise DataError(f"{path}: cannot read corpus file ({error.strerror})") from None
 
 
-# --- splitting --------------------------------------------------------------------------------------
+# --- opening ----------------------------------------------------------------------------------------
 
 
-def split_of(document: bytes, seed: int, validation_fraction: float, test_fraction: float) -> str:
-    """A seeded hash of the content alone decides the split, stable when other documents come and go:
-    the hash's lowest `validation_fraction` of values go to validation, the next `test_fraction` to test
-    (so adding a test split took its documents from train and left validation as it was)."""
-    digest = hashlib.blake2b(document, digest_size=8, salt=seed.to_bytes(16, "little", signed=True)).digest()
-    value = int.from_bytes(digest, "little")
-    if value < validation_fraction * (1 << 64):
-        return "validation"
-    if value < (validation_fraction + test_fraction) * (1 << 64):
-        return "test"
-    return "train"
-
-
-class _Splitter:
-    """Assigns documents to a split and keeps the per-split tallies."""
-
-    def __init__(self, cfg: CorpusConfig) -> None:
-        self.cfg = cfg
-        self.tallies = {split: [0, 0, 0] for split in SPLITS}
-        self.empty = 0
-
-    def side(self, text: str | None, replaced: int = 0) -> str | None:
-        """The split of a document, or None for a document skipped (empty, or past max_documents)."""
-        if not text:
-            self.empty += 1
-            return None
-        limit = self.cfg.max_documents
-        if limit is not None and self.documents >= limit:
-            return None
-        data = text.encode("utf-8", "surrogatepass")
-        cfg = self.cfg
-        side = split_of(data, cfg.split_seed, cfg.validation_fraction, cfg.test_fraction)
-        tally = self.tallies[side]
-        tally[0] += 1
-        tally[1] += len(data)
-        tally[2] += replaced
-        return side
-
-    @property
-    def documents(self) -> int:
-        return sum(tally[0] for tally in self.tallies.values())
-
-    def stats(self, where: str) -> dict[str, SplitStats]:
-        stats = {split: SplitStats(*self.tallies[split]) for split in SPLITS}
-        if self.documents == 0:
-            raise DataError(f"{where}: the corpus holds no documents (every one is empty)")
-        for name, split in stats.items():
-            if split.documents == 0:
-                raise DataError(
-                    f"{where}: the {name} split is empty ({self.documents} documents, "
-                    f"corpus.validation_fraction {self.cfg.validation_fraction}, corpus.test_fraction "
-                    f"{self.cfg.test_fraction}); add documents or change the fractions"
-                )
-        return stats
-
-
-# --- loading ----------------------------------------------------------------------------------------
-
-
-def load_corpus(cfg: CorpusConfig, cache_dir: Path | None = None) -> Corpus:
-    """Read the configured source into Arrow and split it.
-
-    `cache_dir` is where `datasets` keeps what it prepares from JSON lines, parquet and hub sources
-    (pass a folder under the data root); without one it works in a temporary folder and keeps the
-    result in memory, so nothing lands in the home directory.
-    """
-    if cfg.source == "hub":
-        return _with_cache(cache_dir, lambda cache, memory: _load_hub(cfg, cache, memory))
-    files, file_format = _source_files(cfg)
-    if file_format == "text":
-        return _load_text_files(cfg, files)
-    return _with_cache(
-        cache_dir, lambda cache, memory: _load_structured(cfg, files, file_format, cache, memory)
+def _reading(cfg: CorpusConfig, file_format: str) -> Reading:
+    return Reading(
+        format=file_format,
+        document_per=cfg.document_per,
+        text_field=cfg.text_field,
+        split_seed=cfg.split_seed,
+        validation_fraction=cfg.validation_fraction,
+        test_fraction=cfg.test_fraction,
     )
 
 
-def _with_cache(cache_dir: Path | None, load: Any) -> Corpus:
-    if cache_dir is not None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        return load(str(cache_dir), False)
-    with tempfile.TemporaryDirectory(prefix="gptpipe-datasets-") as temporary:
-        return load(temporary, True)
-
-
-def _describe(cfg: CorpusConfig) -> str:
+def describe(cfg: CorpusConfig) -> str:
     if cfg.source == BUILTIN_STDLIB:
         return BUILTIN_STDLIB
     if cfg.source == "hub":
@@ -306,87 +218,159 @@ def _describe(cfg: CorpusConfig) -> str:
     return "local:" + ",".join(cfg.paths)
 
 
-def _text_documents(cfg: CorpusConfig, files: list[Path], hashes: list[str]) -> Iterator[tuple[str, int]]:
-    """Each file once (its hash noted for the fingerprint), as documents with their replaced-byte counts."""
-    for path in files:
-        try:
-            raw = path.read_bytes()
-        except OSError as error:
-            raise DataError(f"{path}: cannot read corpus file ({error.strerror})") from None
-        hashes.append(hashlib.sha256(raw).hexdigest())
-        text, replaced = decode_utf8(raw)
-        if cfg.document_per == "file":
-            yield text, replaced
-        else:
-            # Replaced bytes are counted per file; they are charged to the file's first line.
-            for number, line in enumerate(text.splitlines()):
-                yield line, replaced if number == 0 else 0
+def open_corpus(cfg: CorpusConfig, cache_dir: Path | None = None) -> Corpus:
+    """The configured source, planned into units and fingerprinted; no document is held.
 
-
-def _load_text_files(cfg: CorpusConfig, files: list[Path]) -> Corpus:
-    splitter = _Splitter(cfg)
-    sides: dict[str, list[str]] = {split: [] for split in SPLITS}
-    hashes: list[str] = []
-    for text, replaced in _text_documents(cfg, files, hashes):
-        side = splitter.side(text, replaced)
-        if side:
-            sides[side].append(text)
-    stats = splitter.stats(_describe(cfg))
+    `cache_dir` is where `datasets` keeps what it prepares from a hub source (pass a folder under the
+    data root, so nothing lands in the home directory)."""
+    cache = str(cache_dir) if cache_dir is not None else None
+    if cfg.source == "hub":
+        return _open_hub(cfg, cache)
+    files, file_format = _source_files(cfg)
+    units = tuple(_plan(files, file_format, cfg))
     return Corpus(
-        splits={split: datasets.Dataset.from_dict({"text": texts}) for split, texts in sides.items()},
-        fingerprint=_files_fingerprint(cfg, "text", hashes),
-        source=_describe(cfg),
-        stats=stats,
-        empty_documents_skipped=splitter.empty,
+        cfg=cfg,
+        fingerprint=_files_fingerprint(cfg, file_format, (_sha256_file(path) for path in files)),
+        source=describe(cfg),
+        reading=_reading(cfg, file_format),
+        planned=units,
+        source_bytes=sum(unit.size for unit in units),
+        cache_dir=cache,
     )
 
 
-def _load_structured(
-    cfg: CorpusConfig, files: list[Path], file_format: str, cache_dir: str, in_memory: bool
-) -> Corpus:
-    builder = "json" if file_format == "jsonl" else "parquet"
-    where = f"corpus.paths ({file_format}: {files[0]}{' ...' if len(files) > 1 else ''})"
+def _plan(files: list[Path], file_format: str, cfg: CorpusConfig) -> Iterator[Unit]:
+    """Segments of at most `UNIT_BYTES` (a whole document file may be larger), grouped into units of
+    about that size in file order."""
+    segments: list[Segment] = []
+    size = index = 0
+    for segment, length in _segments(files, file_format, cfg):
+        if segments and size + length > UNIT_BYTES:
+            yield Unit(index, size, tuple(segments))
+            segments, size, index = [], 0, index + 1
+        segments.append(segment)
+        size += length
+    if segments:
+        yield Unit(index, size, tuple(segments))
+
+
+def _segments(files: list[Path], file_format: str, cfg: CorpusConfig) -> Iterator[tuple[Segment, int]]:
+    for path in files:
+        if file_format == "parquet":
+            yield from _row_groups(path, cfg.text_field)
+            continue
+        try:
+            length = path.stat().st_size
+        except OSError as error:
+            raise DataError(f"{path}: cannot read corpus file ({error.strerror})") from None
+        if file_format == "text" and cfg.document_per == "file":
+            yield Segment(str(path), 0, length), length
+            continue
+        for start in range(0, max(length, 1), UNIT_BYTES):  # lines: cut anywhere, read from line starts
+            stop = min(start + UNIT_BYTES, length)
+            yield Segment(str(path), start, stop), stop - start
+
+
+def _row_groups(path: Path, field: str) -> Iterator[tuple[Segment, int]]:
+    """Runs of row groups of about `UNIT_BYTES` (uncompressed), after checking the text column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        dataset = datasets.load_dataset(
-            builder,
-            data_files=[str(path) for path in files],
-            split="train",
-            cache_dir=cache_dir,
-            keep_in_memory=in_memory,
+        source = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        raise DataError(f"{path}: cannot read as parquet ({_first_line(error)})") from None
+    schema = source.schema_arrow
+    if field not in schema.names:
+        raise DataError(
+            f"{path}: no text field {field!r} (corpus.text_field); the columns are "
+            f"{', '.join(schema.names) or '(none)'}"
         )
-    except Exception as error:  # datasets wraps parse errors in several kinds; name the files instead
-        raise DataError(f"{where}: cannot read as {file_format} ({_first_line(error)})") from None
-    hashes = [_sha256_file(path) for path in files]
-    return _split_dataset(cfg, dataset, where, _files_fingerprint(cfg, file_format, hashes))
+    kind = schema.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{path}: field {field!r} holds {kind}, not text")
+    metadata = source.metadata
+    start = size = 0
+    for group in range(metadata.num_row_groups):
+        size += metadata.row_group(group).total_byte_size
+        if size >= UNIT_BYTES or group == metadata.num_row_groups - 1:
+            yield Segment(str(path), start, group + 1), size
+            start, size = group + 1, 0
 
 
-def _load_hub(cfg: CorpusConfig, cache_dir: str, in_memory: bool) -> Corpus:
+# --- hub datasets -----------------------------------------------------------------------------------
+
+
+def _open_hub(cfg: CorpusConfig, cache_dir: str | None) -> Corpus:
+    reading = _reading(cfg, "stream")
+    if cfg.streaming:
+        # A stream has no content hash short of reading all of it: name, config, split and revision
+        # (pin `corpus.hub_revision` to make it exact) stand for its documents.
+        content = fingerprint("corpus", _corpus_code_version(), _settings(cfg, "stream"))
+    else:
+        digest = hashlib.sha256()
+        for text in _hub_texts(cfg, cache_dir):
+            digest.update(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
+        content = fingerprint("corpus", _corpus_code_version(), _settings(cfg, "hub"), digest.hexdigest())
+    return Corpus(cfg, content, describe(cfg), reading, None, None, cache_dir)
+
+
+def _stream_units(texts: Iterator[str]) -> Iterator[Unit]:
+    batch: list[str] = []
+    size = index = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= UNIT_BYTES:
+            yield Unit(index, size, texts=tuple(batch))
+            batch, size, index = [], 0, index + 1
+    if batch:
+        yield Unit(index, size, texts=tuple(batch))
+
+
+def _hub_texts(cfg: CorpusConfig, cache_dir: str | None) -> Iterator[str]:
+    """The hub dataset's `text_field` in order: streamed, or from the Arrow files `datasets` prepares."""
     where = f"corpus.hub_name {cfg.hub_name!r}"
-    dataset = _hub_dataset(cfg, cache_dir, in_memory, where)
-    digest = hashlib.sha256()
-    corpus = _split_dataset(cfg, dataset, where, None, digest)
-    # Hub datasets have no files of ours to hash: the fingerprint hashes the documents themselves.
-    content = fingerprint("corpus", _corpus_code_version(), _settings(cfg, "hub"), digest.hexdigest())
-    return Corpus(**{**corpus.__dict__, "fingerprint": content})
+    if cache_dir is None:
+        with tempfile.TemporaryDirectory(prefix="gptpipe-datasets-") as temporary:
+            yield from _hub_texts(cfg, temporary)
+        return
+    dataset = _hub_dataset(cfg, cache_dir, where)
+    columns = list(dataset.column_names or [])
+    if columns and cfg.text_field not in columns:
+        raise DataError(
+            f"{where}: no text field {cfg.text_field!r} (corpus.text_field); the columns are "
+            f"{', '.join(columns)}"
+        )
+    if hasattr(dataset, "select_columns"):
+        dataset = dataset.select_columns([cfg.text_field])
+    for batch in dataset.iter(batch_size=_HASH_BATCH):
+        for text in batch[cfg.text_field]:
+            if text is not None and not isinstance(text, str):
+                raise DataError(f"{where}: field {cfg.text_field!r} holds {type(text).__name__}, not text")
+            yield text or ""
 
 
-def _hub_dataset(cfg: CorpusConfig, cache_dir: str, in_memory: bool, where: str) -> datasets.Dataset:
+def _hub_dataset(cfg: CorpusConfig, cache_dir: str, where: str) -> Any:
     """`datasets.load_dataset` by name (or a local dataset folder, or one saved with `save_to_disk`)."""
+    import datasets
+
     local = Path(str(cfg.hub_name))
     try:
         if (local / "state.json").is_file() or (local / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(local), keep_in_memory=in_memory)
+            loaded = datasets.load_from_disk(str(local))
             if isinstance(loaded, datasets.DatasetDict):
                 if cfg.hub_split not in loaded:
                     raise DataError(f"{where}: no split {cfg.hub_split!r} (splits: {', '.join(loaded)})")
-                return loaded[cfg.hub_split]
-            return loaded
+                loaded = loaded[cfg.hub_split]
+            return loaded.to_iterable_dataset() if cfg.streaming else loaded
         return datasets.load_dataset(
             str(cfg.hub_name),
             cfg.hub_config,
             split=cfg.hub_split,
+            revision=cfg.hub_revision,
             cache_dir=cache_dir,
-            keep_in_memory=in_memory,
+            streaming=cfg.streaming,
         )
     except DataError:
         raise
@@ -404,50 +388,3 @@ def _first_line(error: BaseException) -> str:
     cause = error.__cause__ or error
     lines = str(cause).strip().splitlines() or [type(cause).__name__]
     return lines[0][:300]
-
-
-def _split_dataset(
-    cfg: CorpusConfig,
-    dataset: datasets.Dataset,
-    where: str,
-    content_fingerprint: str | None,
-    digest: Any = None,
-) -> Corpus:
-    """Pick the text column and split by content hash, hashing the documents in order into `digest`."""
-    if cfg.text_field not in dataset.column_names:
-        raise DataError(
-            f"{where}: no text field {cfg.text_field!r} (corpus.text_field); the columns are "
-            f"{', '.join(dataset.column_names) or '(none)'}"
-        )
-    feature = dataset.features[cfg.text_field]
-    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise DataError(f"{where}: field {cfg.text_field!r} holds {feature}, not text")
-    dataset = dataset.select_columns([cfg.text_field])
-    splitter = _Splitter(cfg)
-    indices: dict[str, list[int]] = {split: [] for split in SPLITS}
-    for start in range(0, len(dataset), _HASH_BATCH):
-        texts = dataset[start : start + _HASH_BATCH][cfg.text_field]
-        for offset, text in enumerate(texts):
-            side = splitter.side(text)
-            if side:
-                indices[side].append(start + offset)
-                if digest is not None:
-                    digest.update(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
-        if cfg.max_documents is not None and splitter.documents >= cfg.max_documents:
-            break
-    stats = splitter.stats(where)
-    if cfg.text_field != "text":
-        dataset = dataset.rename_column(cfg.text_field, "text")
-    return Corpus(
-        splits={split: dataset.select(chosen) for split, chosen in indices.items()},
-        fingerprint=content_fingerprint or "",
-        source=_describe(cfg),
-        stats=stats,
-        empty_documents_skipped=splitter.empty,
-    )
-
-
-def iter_texts(dataset: datasets.Dataset, batch_size: int = 256) -> Iterator[list[str]]:
-    """The `text` column in batches of Python strings, never the whole column at once."""
-    for start in range(0, len(dataset), batch_size):
-        yield dataset[start : start + batch_size]["text"]

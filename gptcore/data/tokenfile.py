@@ -2,19 +2,23 @@
 
 The layout is the one other small-GPT tools read (`train.bin`, uint16 when the vocabulary fits). Beside
 each stream lies `<name>.manifest.json`: dtype, counts, vocabulary, tokenizer hash, corpus fingerprint,
-format version. The reader also takes bare `.bin` streams (uint16) and `.pt` files holding a 1-D tensor.
+format version. A sharded split is its manifest alone (`train.manifest.json`) listing its shards
+(`train-000000.bin`, ...), read as one stream: every shard is checked for size and sha256 when opened.
+The reader also takes bare `.bin` streams (uint16) and `.pt` files holding a 1-D tensor.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from gptcore.tools.atomic import write_text_atomic
 from gptcore.errors import DataError
+from gptcore.tools.atomic import write_text_atomic
 
 FORMAT_VERSION = 1
 MANIFEST_SUFFIX = ".manifest.json"
@@ -37,6 +41,7 @@ class TokenFileManifest:
     format_version: int = FORMAT_VERSION
     end_of_text_id: int | None = None  # the separator written after every document
     text_bytes: int | None = None  # the documents' UTF-8 bytes (bits per byte = nats / (ln 2 x bytes))
+    shards: list[dict[str, Any]] | None = None  # a sharded split: gptcore.data.shards.Shard.to_dict() each
 
     @property
     def tokens_per_byte(self) -> float | None:
@@ -48,7 +53,10 @@ class TokenFileManifest:
 
 
 def manifest_path(tokens_path: str | Path) -> Path:
+    """The manifest beside a token file; a sharded split's manifest is its own."""
     tokens_path = Path(tokens_path)
+    if tokens_path.name.endswith(MANIFEST_SUFFIX):
+        return tokens_path
     return tokens_path.with_name(tokens_path.name + MANIFEST_SUFFIX)
 
 
@@ -65,7 +73,7 @@ def read_manifest(tokens_path: str | Path) -> TokenFileManifest | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return TokenFileManifest(**data)
-    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as error:
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError, OSError) as error:
         raise DataError(f"{path}: unreadable token-file manifest ({error})") from None
 
 
@@ -81,14 +89,68 @@ class TokenStream:
         return int(self.tokens.shape[0])
 
 
+class ShardedTokens:
+    """A split's shards read as one 1-D array: slices and integer-array indexing, as a memmap gives."""
+
+    def __init__(self, shards: list[np.ndarray]) -> None:
+        self.shards = shards
+        lengths = np.array([len(shard) for shard in shards], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(lengths)])
+        self.dtype = shards[0].dtype
+        self.shape = (int(self.starts[-1]),)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return self[np.arange(start, stop, step)]
+            return self._range(start, stop)
+        positions = np.asarray(index, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
+            raise IndexError(f"token index out of range for a stream of {len(self)}")
+        flat = positions.reshape(-1)
+        which = np.searchsorted(self.starts, flat, side="right") - 1
+        out = np.empty(flat.shape, dtype=self.dtype)
+        for number in np.unique(which):
+            chosen = which == number
+            out[chosen] = self.shards[number][flat[chosen] - self.starts[number]]
+        return out.reshape(positions.shape)
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.empty(0, dtype=self.dtype)
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        last = int(np.searchsorted(self.starts, stop - 1, side="right")) - 1
+        if first == last:  # the usual case: a view of one memmap, nothing copied
+            offset = int(self.starts[first])
+            return self.shards[first][start - offset : stop - offset]
+        pieces = [
+            self.shards[number][max(start - int(self.starts[number]), 0) : stop - int(self.starts[number])]
+            for number in range(first, last + 1)
+        ]
+        return np.concatenate(pieces)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = self._range(0, len(self))
+        return whole if dtype is None else whole.astype(dtype)
+
+
 def open_tokens(path: str | Path) -> TokenStream:
-    """Open a token file for reading without loading it; checks size and dtype against the manifest."""
+    """Open a token file (or a sharded split's manifest) for reading without loading it; checks size and
+    dtype against the manifest, and a sharded split's shards against theirs."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: token file not found")
     if path.suffix == ".pt":
         return TokenStream(path, _load_pt(path), None)
     manifest = read_manifest(path)
+    if path.name.endswith(MANIFEST_SUFFIX):
+        if manifest is None or manifest.shards is None:
+            raise DataError(f"{path}: a token-file manifest without shards; name its .bin file instead")
+        return TokenStream(path, _open_shards(path, manifest), manifest)
     dtype = np.dtype(manifest.dtype if manifest else "uint16").newbyteorder("<")
     size = path.stat().st_size
     if size % dtype.itemsize:
@@ -101,6 +163,39 @@ def open_tokens(path: str | Path) -> TokenStream:
     if count == 0:
         raise DataError(f"{path}: token file is empty")
     return TokenStream(path, np.memmap(path, dtype=dtype, mode="r"), manifest)
+
+
+def _open_shards(path: Path, manifest: TokenFileManifest) -> ShardedTokens:
+    if not manifest.shards:
+        raise DataError(f"{path}: the {manifest.split} split lists no shards")
+    dtype = np.dtype(manifest.dtype).newbyteorder("<")
+    arrays = []
+    for entry in manifest.shards:
+        shard = path.parent / entry["file"]
+        if not shard.is_file():
+            raise DataError(f"{shard}: shard named by {path.name} is missing")
+        size = shard.stat().st_size
+        if size != entry["tokens"] * dtype.itemsize:
+            raise DataError(
+                f"{shard}: {size} bytes, but {path.name} says {entry['tokens']} {dtype.name} tokens "
+                f"({entry['tokens'] * dtype.itemsize} bytes)"
+            )
+        if _sha256_of(str(shard), size, shard.stat().st_mtime_ns) != entry["sha256"]:
+            raise DataError(f"{shard}: content differs from the sha256 {path.name} records")
+        arrays.append(np.memmap(shard, dtype=dtype, mode="r"))
+    total = sum(len(array) for array in arrays)
+    if total != manifest.token_count:
+        raise DataError(f"{path}: its shards hold {total} tokens but it says {manifest.token_count}")
+    return ShardedTokens(arrays)
+
+
+@cache
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    """Once per process for each version of a shard: the trainer, evaluation and the smoke open a split
+    several times."""
+    from gptcore.tools.fingerprint import sha256_file
+
+    return sha256_file(path)
 
 
 def _load_pt(path: Path) -> np.ndarray:
@@ -168,7 +263,10 @@ def find_test_tokens(tokenizer: Path, data_root: Path) -> Path | None:
 
     digest = sha256_file(tokenizer)
     found = []
-    for path in Path(data_root).glob("tokens/*/test.bin"):
+    for path in [
+        *Path(data_root).glob("tokens/*/test.bin"),
+        *Path(data_root).glob("tokens/*/test.manifest.json"),
+    ]:
         manifest = read_manifest(path)
         if manifest is not None and manifest.split == "test" and manifest.tokenizer_sha256 == digest:
             found.append(path)

@@ -1,8 +1,9 @@
-"""Byte-level BPE tokenizer training with HF `tokenizers`, on the train split only.
+"""Byte-level BPE tokenizer training with HF `tokenizers`, on a bounded sample of the train split.
 
 The result is a `tokenizer.json` that `tokenizers.Tokenizer.from_file` (and
 `transformers.PreTrainedTokenizerFast(tokenizer_file=...)`) loads, in a folder named by the fingerprint
-of the corpus, the tokenizer settings and this code, with a manifest beside it.
+of the corpus, the tokenizer settings (the sample's size and seed among them) and this code, with a
+manifest beside it that records what the sample held (`gptcore.data.sample`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gptcore.config import TokenizerConfig
-from gptcore.data.corpus import Corpus, iter_texts
+from gptcore.data.corpus import Corpus
+from gptcore.data.sample import Sample, sample_texts
 from gptcore.errors import ConfigError, DataError
-from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 from gptcore.tools.atomic import publish_directory, staging_directory
+from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_FILE = "manifest.json"
@@ -43,19 +45,21 @@ class TokenizerManifest:
     seconds: float
     tokenizers_version: str
     code_version: str
+    sample: dict[str, Any] = field(default_factory=dict)  # gptcore.data.sample.Sample.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TokenizerManifest:
-        return cls(**{field.name: data[field.name] for field in fields(cls)})
+        return cls(**{known.name: data[known.name] for known in fields(cls) if known.name in data})
 
 
 def _code_version() -> str:
+    import gptcore.data.sample
     import gptcore.data.tokenizer
 
-    return code_version_of(gptcore.data.tokenizer)
+    return code_version_of(gptcore.data.tokenizer, gptcore.data.sample)
 
 
 def tokenizer_fingerprint(corpus_fingerprint: str, cfg: TokenizerConfig) -> str:
@@ -86,7 +90,7 @@ def new_tokenizer() -> Tokenizer:
 
 
 def train_tokenizer(corpus: Corpus, cfg: TokenizerConfig, data_root: Path) -> TokenizerManifest:
-    """Train on `corpus.train` and write `<data_root>/tokenizers/<fingerprint>/` atomically."""
+    """Train on a sample of the train split and write `<data_root>/tokenizers/<fingerprint>/` atomically."""
     check_settings(cfg)
     key = tokenizer_fingerprint(corpus.fingerprint, cfg)
     final = Path(data_root) / "tokenizers" / key
@@ -100,7 +104,12 @@ def train_tokenizer(corpus: Corpus, cfg: TokenizerConfig, data_root: Path) -> To
         show_progress=sys.stderr.isatty(),
     )
     # The Rust trainer counts words on all cores; the iterator only hands it batches of strings.
-    tokenizer.train_from_iterator(iter_texts(corpus.train), trainer=trainer, length=len(corpus.train))
+    sample = Sample(cfg.sample_bytes)
+    tokenizer.train_from_iterator(
+        sample_texts(corpus, cfg.sample_bytes, cfg.sample_seed, sample), trainer=trainer
+    )
+    if sample.documents == 0:
+        raise DataError(f"{corpus.source}: the corpus holds no train documents to learn a tokenizer from")
     end_of_text_id = tokenizer.token_to_id(cfg.end_of_text)
     if end_of_text_id is None:
         raise DataError(
@@ -121,6 +130,7 @@ def train_tokenizer(corpus: Corpus, cfg: TokenizerConfig, data_root: Path) -> To
             seconds=round(time.perf_counter() - started, 3),
             tokenizers_version=tokenizers.__version__,
             code_version=_code_version(),
+            sample=sample.to_dict(),
         )
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest.to_dict(), indent=2), encoding="utf-8")
         publish_directory(staging, final)

@@ -10,28 +10,13 @@ its ranks' lines back into its own callbacks with `JsonLinesReplay` (the channel
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from gptcore.tools.console import json_line
 from gptcore.train.callbacks import TrainingCallback
-
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN or infinity: they become null (strict parsers reject them otherwise)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    return value
-
-
-def json_line(event: str, payload: dict[str, Any]) -> str:
-    return json.dumps(
-        _clean({"event": event, **{k: v for k, v in payload.items() if k != "event"}}), default=str
-    )
 
 
 class JsonLinesCallback(TrainingCallback):

@@ -7,18 +7,12 @@ scripts and pipes keep getting JSON lines alone.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
+from gptcore.tools.console import JSON_ONLY, wants_progress_bar
 from gptcore.train.callbacks import TrainingCallback
 
-JSON_ONLY = "GPTPIPE_JSON"  # set (to anything but 0) for JSON lines only, also on a terminal
-
-
-def wants_progress_bar() -> bool:
-    """A person is watching: stdout is a terminal and JSON lines alone were not asked for."""
-    return sys.stdout.isatty() and os.environ.get(JSON_ONLY, "0") in ("", "0")
+__all__ = ["JSON_ONLY", "ProgressBar", "wants_progress_bar"]
 
 
 class ProgressBar(TrainingCallback):

@@ -16,7 +16,7 @@ import torch
 from gptcore.checkpoint.manager import Checkpointer, RunIdentity, TrainingParts
 from gptcore.config import TrainingConfig
 from gptcore.data.batches import ExampleSet, StepPlan, open_examples
-from gptcore.data.tokenfile import TokenStream
+from gptcore.data.tokenfile import MANIFEST_SUFFIX, TokenStream, read_manifest
 from gptcore.distributed.group import agree_on_min, all_reduce_sum
 from gptcore.errors import ConfigError, DataError
 from gptcore.model.gpt import GPT, optimizer_groups
@@ -91,10 +91,13 @@ def make_optimizer(
 
 def planned_steps(section: TrainingConfig, train_set: ExampleSet | None, plan: StepPlan) -> int | None:
     """Optimizer steps a run of `section` takes over this data with `plan`'s global batch: its epochs,
-    capped by max_steps."""
+    capped by max_steps and by max_tokens (whole steps of global batch x block_size tokens)."""
     cap = section.max_steps
     if train_set is None:
         return cap
+    if section.max_tokens is not None:
+        by_tokens = -(-section.max_tokens // (plan.global_batch * train_set.block_size))
+        cap = min(cap or by_tokens, by_tokens)
     per_epoch = plan.steps_per_epoch(train_set.count_within(section.training_examples))
     return min(per_epoch * section.epochs, cap or per_epoch * section.epochs)
 
@@ -130,6 +133,8 @@ def trajectory_settings(
             "data.train_tokens": _stream_identity(job.train_tokens),
         }
     )
+    if t.max_tokens is not None:  # only when set: runs from before the setting keep resuming
+        config["training.max_tokens"] = t.max_tokens
     _flatten("data", job.extra_fingerprint, config)
     return json.loads(json.dumps(config, default=str))  # as the JSON sidecar will hold it
 
@@ -147,6 +152,9 @@ def _stream_identity(source: Path | TokenStream | None) -> str | None:
         return None
     if isinstance(source, TokenStream):
         return source.manifest.sha256 if source.manifest else f"{source.path.name}:{len(source)} tokens"
+    manifest = read_manifest(source) if Path(source).name.endswith(MANIFEST_SUFFIX) else None
+    if manifest is not None:  # a sharded split: its shards' hashes, not the manifest's size
+        return f"{Path(source).name}:{manifest.sha256}"
     return f"{Path(source).name}:{Path(source).stat().st_size} bytes"
 
 

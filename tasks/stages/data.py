@@ -11,43 +11,47 @@ from pathlib import Path
 
 from prefect import task
 
-from gptcore.config import CorpusConfig, TokenizerConfig
+from gptcore.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.build import TokenFolderManifest, build_token_files, token_files_fingerprint
-from gptcore.data.corpus import Corpus, corpus_fingerprint, load_corpus
+from gptcore.data.corpus import Corpus, open_corpus
 from gptcore.data.tokenizer import TokenizerManifest, tokenizer_fingerprint, train_tokenizer
 from tasks.caching import fingerprint_key
 from tasks.results import TokenizerResult, TokensResult, file_record
 
-# One corpus load per process: the tokenizer and token stages of a run share it.
-_loaded: dict[str, Corpus] = {}
+# The corpus opened once per process: hashing its files is the costly part, and the fingerprint the
+# stages are keyed on must be the one of the files they then read.
+_opened: dict[str, Corpus] = {}
 
 
-def corpus_for(cfg: CorpusConfig, data_root: Path, expected_fingerprint: str | None = None) -> Corpus:
-    if expected_fingerprint and expected_fingerprint in _loaded:
-        return _loaded[expected_fingerprint]
-    corpus = load_corpus(cfg, Path(data_root) / "datasets-cache")
-    _loaded.clear()  # keep at most one corpus in memory
-    _loaded[corpus.fingerprint] = corpus
-    return corpus
+def corpus_for(cfg: CorpusConfig, data_root: Path, fresh: bool = False) -> Corpus:
+    """The corpus as this run opened it; `fresh` opens it again (a run's start: files may have changed
+    since an earlier run of a long-lived process)."""
+    key = cfg.model_dump_json() + str(Path(data_root).resolve())
+    if fresh or key not in _opened:
+        _opened.clear()
+        _opened[key] = open_corpus(cfg, Path(data_root) / "datasets-cache")
+    return _opened[key]
 
 
-def tokenizer_stage_fingerprint(cfg: CorpusConfig, tokenizer: TokenizerConfig) -> tuple[str, str]:
+def tokenizer_stage_fingerprint(
+    cfg: CorpusConfig, tokenizer: TokenizerConfig, data_root: Path
+) -> tuple[str, str]:
     """(corpus fingerprint, tokenizer fingerprint): hashes of file contents, never of paths or times."""
-    corpus_fp = corpus_fingerprint(cfg)
+    corpus_fp = corpus_for(cfg, data_root, fresh=True).fingerprint
     return corpus_fp, tokenizer_fingerprint(corpus_fp, tokenizer)
 
 
-def tokens_stage_fingerprint(tokenizer: TokenizerResult) -> str:
+def tokens_stage_fingerprint(tokenizer: TokenizerResult, data: DataConfig) -> str:
     manifest = TokenizerManifest.from_dict(tokenizer.tokenizer)
-    return token_files_fingerprint(manifest.corpus_fingerprint, manifest)
+    return token_files_fingerprint(manifest.corpus_fingerprint, manifest, data)
 
 
 @task(name="tokenizer", cache_key_fn=fingerprint_key("tokenizer"), persist_result=True)
 def tokenizer_task(
     fingerprint: str, corpus: CorpusConfig, tokenizer: TokenizerConfig, data_root: str, corpus_fp: str
 ) -> TokenizerResult:
-    """Train the byte-level BPE tokenizer on the train split."""
-    loaded = corpus_for(corpus, Path(data_root), corpus_fp)
+    """Train the byte-level BPE tokenizer on a sample of the train split."""
+    loaded = corpus_for(corpus, Path(data_root))
     manifest = train_tokenizer(loaded, tokenizer, Path(data_root))
     folder = Path(manifest.path).parent
     return TokenizerResult(
@@ -59,25 +63,29 @@ def tokenizer_task(
         figures={
             "vocab_size": manifest.vocab_size,
             "tokenizer_seconds": manifest.seconds,
-            "train_documents": loaded.stats["train"].documents,
-            "validation_documents": loaded.stats["validation"].documents,
-            "test_documents": loaded.stats["test"].documents,
+            "tokenizer_sample_bytes": manifest.sample.get("sample_bytes", 0),
+            "tokenizer_sample_documents": manifest.sample.get("sample_documents", 0),
         },
     )
 
 
 @task(name="tokens", cache_key_fn=fingerprint_key("tokens"), persist_result=True)
 def tokens_task(
-    fingerprint: str, corpus: CorpusConfig, tokenizer_result: TokenizerResult, data_root: str
+    fingerprint: str,
+    corpus: CorpusConfig,
+    data: DataConfig,
+    tokenizer_result: TokenizerResult,
+    data_root: str,
 ) -> TokensResult:
-    """Encode train, validation and test into token files with their manifests."""
+    """Encode train, validation and test into sharded token files with their manifests."""
     tokenizer = TokenizerManifest.from_dict(tokenizer_result.tokenizer)
-    loaded = corpus_for(corpus, Path(data_root), tokenizer.corpus_fingerprint)
-    built: TokenFolderManifest = build_token_files(loaded, tokenizer, Path(data_root))
+    loaded = corpus_for(corpus, Path(data_root))
+    built: TokenFolderManifest = build_token_files(loaded, tokenizer, Path(data_root), data=data)
+    folder = Path(built.directory)
     files = {}
-    for token_file in built.files.values():
-        files[token_file.path] = token_file.sha256
-        files.update(file_record(token_file.manifest_path))
+    for split in built.files.values():
+        files.update({str(folder / shard["file"]): shard["sha256"] for shard in split.shards})
+        files.update(file_record(split.manifest_path))
     return TokensResult(
         fingerprint=fingerprint,
         tokens=built.to_dict(),
@@ -88,11 +96,15 @@ def tokens_task(
         files=files,
         outputs=[built.train.path, built.validation.path, built.test.path],
         figures={
+            "train_documents": built.train.documents,
+            "validation_documents": built.validation.documents,
+            "test_documents": built.test.documents,
             "train_tokens": built.train.tokens,
             "validation_tokens": built.validation.tokens,
             "test_tokens": built.test.tokens,
             "tokens_per_second": built.tokens_per_second,
             "encoder": built.encoder,
             "tokens_seconds": built.seconds,
+            "train_shards": len(built.train.shards),
         },
     )

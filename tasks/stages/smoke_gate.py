@@ -145,3 +145,38 @@ def estimate_full_seconds(full_planned_steps: int, smoke_steps_per_second: float
     if smoke_steps_per_second <= 0:
         return math.inf
     return full_planned_steps / smoke_steps_per_second
+
+
+@dataclass(frozen=True)
+class DataSizing:
+    """The corpus against the model: tokens per parameter of the full run and of one pass over the train
+    split. A compute-optimal run wants about 20 tokens a parameter; under 1 a pass the model learns the
+    split by heart sooner than the language."""
+
+    parameter_count: int
+    train_tokens: int  # the train split: one epoch
+    full_tokens: int  # what the full run trains on: its steps x global batch x sequence length
+
+    @property
+    def tokens_per_parameter(self) -> float:
+        return self.full_tokens / self.parameter_count
+
+    @property
+    def train_tokens_per_parameter(self) -> float:
+        return self.train_tokens / self.parameter_count
+
+    def figures(self) -> dict[str, float]:
+        return {
+            "tokens_per_parameter": round(self.tokens_per_parameter, 3),
+            "train_tokens_per_parameter": round(self.train_tokens_per_parameter, 3),
+        }
+
+    def warning(self) -> str | None:
+        if self.train_tokens_per_parameter >= 1:
+            return None
+        return (
+            f"the train split holds {self.train_tokens_per_parameter:.2f} tokens per parameter "
+            f"({self.train_tokens:,} tokens for {self.parameter_count:,} parameters), under 1: the model "
+            "will learn it by heart; give it a larger corpus (corpus.paths or corpus.hub_name, with "
+            "data.max_tokens) or a smaller model (model)"
+        )

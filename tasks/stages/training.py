@@ -23,7 +23,7 @@ from gptcore.train.records import SummaryRecord
 from tasks.caching import fingerprint_key
 from tasks.prefect_progress import PrefectProgress
 from tasks.results import DeviceResult, FullResult, SmokeResult, TokensResult, file_record
-from tasks.stages.smoke_gate import estimate_full_seconds, judge, memory_limit
+from tasks.stages.smoke_gate import DataSizing, estimate_full_seconds, judge, memory_limit
 
 SMOKE_RECORD = "smoke.json"
 # Runtime fields that change what training computes (threads and pinning do not).
@@ -225,6 +225,9 @@ def smoke_task(
     startup = progress.startup
     full_steps = int(startup["schedule_steps"])  # the trainer's count for the full run on this data
     estimate = estimate_full_seconds(full_steps, float(summary.get("steps_per_second", 0.0)))
+    sizing = data_sizing(startup, full_steps, tokens, params)
+    if warning := sizing.warning():
+        announce(f"smoke: warning: {warning}")
     optimizer = params.training_section("smoke").optimizer
     record = {
         "fingerprint": fingerprint,
@@ -236,6 +239,7 @@ def smoke_task(
         "summary": summary,
         "full_planned_steps": full_steps,
         "estimated_full_seconds": estimate,
+        "data_sizing": {**sizing.figures(), "warning": sizing.warning()},
         "batch": {
             "batch_size": startup["batch_size"],
             "grad_accum_steps": startup["grad_accum_steps"],
@@ -263,7 +267,23 @@ def smoke_task(
             "optimizer_source": params.smoke_optimizer_source,
             "full_planned_steps": full_steps,
             "estimated_full_seconds": round(estimate, 1) if math.isfinite(estimate) else None,
+            **sizing.figures(),
         },
+    )
+
+
+def data_sizing(
+    startup: dict[str, Any], full_steps: int, tokens: TokensResult, params: PipelineParams
+) -> DataSizing:
+    """The full run's tokens (its schedule's steps at its global batch, on its ranks) and the train
+    split's, against the model's parameters."""
+    from gptcore.train.job import _full_world_size
+
+    global_batch = int(startup["batch_size"]) * int(startup["grad_accum_steps"]) * _full_world_size(params)
+    return DataSizing(
+        parameter_count=int(startup["parameter_count"]),
+        train_tokens=int(tokens.figures.get("train_tokens", 0)),
+        full_tokens=full_steps * global_batch * int(startup["sequence_length"]),
     )
 
 
