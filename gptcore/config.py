@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gptcore.errors import ConfigError
 
@@ -164,13 +164,24 @@ class RuntimeConfig(Strict):
     )
     workers: int | None = Field(default=None, ge=0)
     nproc: int | Literal["auto"] = 1
-    compile: bool = Field(default=False, description="torch.compile the model (needs a C compiler)")
+    compile: bool | Literal["auto"] = Field(
+        default="auto",
+        description="torch.compile the model (needs a C compiler); auto: on for CUDA (a failed start-up "
+        "probe trains eager and says why), off on the CPU, where it did not pay",
+    )
     activation_checkpointing: bool = Field(
         default=False,
         description="recompute each transformer block in the backward pass: less memory, more compute",
     )
     cpu: DeviceDefaults | None = None
     gpu: DeviceDefaults | None = None
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_choice(cls, value: Any) -> Any:
+        if value is True or value is False or value == "auto":
+            return value
+        raise ValueError("expected true, false or auto")
 
     @model_validator(mode="after")
     def _effective_batch_divides(self) -> RuntimeConfig:

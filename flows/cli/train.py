@@ -50,7 +50,7 @@ def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
     }
     overrides = []
     for flag, value in flags.items():
-        if value is None or value is False:
+        if value is None or (value is False and flag != "compile"):  # --no-compile is a choice, not absence
             continue
         section = f"runtime.{runtime_keys[flag]}" if flag in runtime_keys else f"{stage}.{flag}"
         overrides.append(f"{section}={json.dumps(value)}")
@@ -172,7 +172,9 @@ class TrainOptions:
     resume: bool = typer.Option(False, "--resume", help="continue from the directory's latest checkpoint")
     dry_run: bool = typer.Option(False, "--dry-run", help="resolve, build, estimate; train and write nothing")
     synthetic: bool = typer.Option(False, "--synthetic", help="train on a synthetic learnable stream")
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile the model")
+    compile_: bool | None = typer.Option(
+        None, "--compile/--no-compile", help="torch.compile the model (default: runtime.compile, auto)"
+    )
     no_track: bool = typer.Option(False, "--no-track", help="do not record the run in MLflow")
     nproc: str | None = typer.Option(None, "--nproc", help="processes per node: N or auto (one per GPU)")
     nnodes: int | None = typer.Option(None, "--nnodes", min=1, help="machines in the job (torchrun)")

@@ -40,6 +40,7 @@ class Runtime:
     tensor_cores_enabled: bool
     pin_memory: bool
     compile: bool
+    compile_source: str  # "requested", or why `auto` chose it
     activation_checkpointing: bool
     cpu_threads: int
     precision_source: str  # "requested" or "profile default" or why auto chose it
@@ -155,10 +156,22 @@ def _fused_adamw_step_runs(device: str) -> bool:
         return False
 
 
+def resolve_compile(requested: bool | str, device: str) -> tuple[bool, str]:
+    """Whether to compile, and why: as asked, or `auto`: on for CUDA, where fused kernels pay (the
+    trainer's start-up probe falls back to eager when the compiler fails), off elsewhere (on this
+    project's CPUs compiling ran at 0.95x eager after 44 s of compilation: docs/benchmarks.md)."""
+    if requested != "auto":
+        return bool(requested), "requested"
+    if device == "cuda":
+        return True, "auto: on for CUDA"
+    return False, f"auto: off on {device}, where compiling does not pay"
+
+
 def resolve_runtime(request: RuntimeConfig, defaults_for: DefaultsSource) -> Runtime:
     device = resolve_device(request.device)
     defaults = _defaults(defaults_for, request, device)
     precision, source = resolve_precision(request.precision, defaults.precision, device)
+    compile_on, compile_source = resolve_compile(request.compile, device)
     tf32 = device == "cuda"
     return Runtime(
         device=device,
@@ -173,7 +186,8 @@ def resolve_runtime(request: RuntimeConfig, defaults_for: DefaultsSource) -> Run
         tf32_enabled=tf32,
         tensor_cores_enabled=device == "cuda" and (tf32 or precision != "fp32"),
         pin_memory=device == "cuda",
-        compile=request.compile,
+        compile=compile_on,
+        compile_source=compile_source,
         activation_checkpointing=request.activation_checkpointing,
         cpu_threads=torch.get_num_threads(),
         precision_source=source,

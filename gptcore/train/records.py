@@ -86,7 +86,10 @@ class StartupRecord(Record):
     tf32_enabled: bool = param()
     tensor_cores_enabled: bool = param()
     pin_memory: bool = context()
-    compile: bool = context()
+    compile: bool = param()
+    compile_source: str = context()  # requested, or why auto chose it (or fell back to eager)
+    compile_seconds: float | None = context()  # the start-up probe: compiling the step's graphs
+    attention_backend: str = param()  # the kernel scaled_dot_product_attention runs: flash, efficient, ...
     activation_checkpointing: bool = param()
     cpu_threads: int = context()
     precision_source: str = context()
@@ -185,6 +188,8 @@ class SummaryRecord(Record):
     unigram_val_loss: float | None = context(headline=True)
     elapsed_seconds: float = metric(headline=True)
     estimated_total_seconds: float | None = metric(headline=True)
+    compile_seconds: float | None = metric(optional=True)  # compiling at start-up, outside every rate
+    recompilations: int | None = metric(optional=True)  # graphs compiled again during training
     checkpoint_save_seconds: float = metric()  # writing the files (in the background unless turned off)
     checkpoint_stall_seconds: float = metric()  # what the training loop waited for them
     final_checkpoint: str | None = context()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,16 @@ from gptcore.distributed.group import all_reduce_mean, grad_scaler
 from gptcore.errors import GptpipeError, TrainingError, first_line
 from gptcore.model.gpt import GPT
 from gptcore.runtime.batch_size import OutOfMemory, memory_budget
-from gptcore.runtime.device import Runtime, apply_runtime, device_report, resolve_runtime
-from gptcore.runtime.flops import FLOP_FORMULA, RunMeasures, Throughput
+from gptcore.runtime.device import Runtime, apply_runtime, resolve_runtime
+from gptcore.runtime.flops import RunMeasures, Throughput
 from gptcore.runtime.load import MachineLoad
-from gptcore.runtime.memory import StepMemory, TrainingMemory, is_out_of_memory, peak_memory_bytes
+from gptcore.runtime.memory import StepMemory, TrainingMemory, is_out_of_memory
 from gptcore.tools.fingerprint import fingerprint
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.compile import compile_for_training, compiled_graphs
 from gptcore.train.job import TrainJob
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
+from gptcore.train.reports import startup_record, summary_record
 from gptcore.train.setup import (
     choose_batch,
     data_parallel,
@@ -97,9 +98,18 @@ class Trainer:
         self.evaluator = Evaluator.for_job(job, self.val_set, self.train_set, self.runtime)
         self.nonfinite_guard, self.divergence_guard = make_guards(job, runtime, self.scaler, self.schedule)
         self.optimizer_step = OptimizerStep(
-            self.model, torch.compile(replica) if self.runtime.compile else replica, self.optimizer,
-            self.schedule, self.scaler, self.runtime, t.optimizer.grad_clip, self.nonfinite_guard, self.ddp,
-        )  # fmt: skip
+            self.model,
+            replica,
+            self.optimizer,
+            self.schedule,
+            self.scaler,
+            self.runtime,
+            t.optimizer.grad_clip,
+            self.nonfinite_guard,
+            self.ddp,
+        )  # fmt: skip  (the steps run eager until `compile_at_start` gives them the compiled module)
+        self.compile_seconds: float | None = None
+        self.graphs_at_start = 0
         self.trajectory = trajectory_settings(job, self.train_set, self.plan, self.runtime)
         self.fingerprint = fingerprint(self.trajectory)
         parts = TrainingParts(self.model, self.optimizer, self.schedule, self.scaler, self.state)
@@ -123,6 +133,8 @@ class Trainer:
                 if self.job.resume and not self.job.dry_run:
                     self.resumed_from = self.checkpointer.restore(self.runtime.device)
                 start_step = self.state.step
+                if not self.job.dry_run:
+                    self.compile_at_start()
                 self.events.on_start(self.startup_record().to_dict())
                 if not self.job.dry_run:
                     self.train_and_finish()
@@ -133,6 +145,17 @@ class Trainer:
         summary = self.summary_record(started, start_step).to_dict()
         self.events.on_end(summary)
         return summary
+
+    def compile_at_start(self) -> None:
+        """Compile the steps' module now, probed at their shape (`gptcore.train.compile`)."""
+        replica = self.optimizer_step.forward
+        model = self.job.model
+        module, self.runtime, self.compile_seconds = compile_for_training(
+            replica, self.runtime, self.plan.batch_size, model.block_size, model.vocab_size
+        )
+        self.optimizer_step.forward = module
+        self.optimizer_step.runtime = self.runtime
+        self.graphs_at_start = compiled_graphs() if self.runtime.compile else 0
 
     def train_and_finish(self) -> None:
         """The baseline evaluation when due, the steps, then the final evaluation and checkpoint. A step
@@ -244,70 +267,12 @@ class Trainer:
     # --- records ----------------------------------------------------------------------------------
 
     def startup_record(self) -> StartupRecord:
-        """What the run trains with, before its first step."""
-        job, steps, measures = self.job, self.planned_steps, self.measures
-        device = device_report(self.runtime.device)
-        machine = ("processor", "gpu_name", "gpu_memory_bytes", "torch_version", "cuda_available")
-        directory, resumed = job.checkpoint_directory, self.resumed_from
-        return StartupRecord(
-            **{key: device[key] for key in machine},
-            **self.runtime.to_dict(),
-            **asdict(measures),  # FLOPs per token, the peak they are judged by, the memory estimate
-            estimated_peak_memory_bytes=measures.estimated_peak_memory_bytes,
-            flop_formula=FLOP_FORMULA,
-            batch_probe=self.batch.figures,
-            sequence_length=job.model.block_size,
-            parameter_count=self.model.parameter_count(),
-            matmul_parameter_count=self.model.matmul_parameter_count(),
-            max_steps=self.training.max_steps,
-            epochs=self.training.epochs,
-            planned_steps=steps,
-            schedule_steps=self.schedule.total_steps,
-            warmup_steps=self.schedule.warmup_steps,
-            tokens_per_step=self.tokens_per_step,
-            planned_tokens=steps * self.tokens_per_step if steps else None,
-            train_examples=self.train_set.count if self.train_set else None,
-            validation_examples=self.val_set.count if self.val_set else None,
-            steps_per_epoch=self.state.steps_per_epoch if self.train_set else None,
-            checkpoint_directory=str(directory) if directory else None,
-            world_size=job.world_size,
-            per_rank_batch_size=self.plan.batch_size,
-            global_batch=self.plan.global_batch,
-            start_step=self.state.step,
-            resumed_from=str(resumed) if resumed else None,
-            fingerprint=self.fingerprint,
-            dry_run=job.dry_run,
-        )
+        """What the run trains with, before its first step (`gptcore.train.reports`)."""
+        return startup_record(self)
 
     def summary_record(self, started: float, start_step: int) -> SummaryRecord:
         """The run's figures and checkpoints at its end (`started`: its perf_counter start)."""
-        trained = not self.job.dry_run
-        steps_per_second = self.meter.steps_per_second if trained else 0.0
-        tokens_per_second = self.meter.tokens_per_second if trained else 0.0
-        return SummaryRecord(
-            steps=self.state.step,
-            planned_steps=self.planned_steps,
-            tokens_per_second=tokens_per_second,
-            steps_per_second=steps_per_second,
-            mfu=self.measures.mfu(tokens_per_second),
-            **(self.machine_load.whole() if self.machine_load else {}),
-            peak_flops=self.measures.peak_flops,
-            peak_memory_bytes=peak_memory_bytes(self.runtime.device),
-            training_peak_memory_bytes=self.memory.peak() if trained else None,
-            training_peak_memory_source=self.memory.source,
-            estimated_peak_memory_bytes=self.measures.estimated_peak_memory_bytes,
-            final_train_loss=self.last_train_loss,
-            final_val_loss=self.evaluator.last_val_loss,
-            best_val_loss=self.state.best_val_loss,
-            unigram_val_loss=self.evaluator.unigram,
-            elapsed_seconds=time.perf_counter() - started,
-            estimated_total_seconds=(self.planned_steps or 0) / steps_per_second
-            if steps_per_second
-            else None,
-            **self.checkpointer.figures(),
-            start_step=start_step,
-            dry_run=self.job.dry_run,
-        )
+        return summary_record(self, started, start_step)
 
     def out_of_memory(self) -> OutOfMemory:
         """What this run had, for the response to a step that ran out of memory."""

@@ -224,7 +224,9 @@ def smoke_task(
     )
     startup = progress.startup
     full_steps = int(startup["schedule_steps"])  # the trainer's count for the full run on this data
-    estimate = estimate_full_seconds(full_steps, float(summary.get("steps_per_second", 0.0)))
+    estimate = estimate_full_seconds(
+        full_steps, float(summary.get("steps_per_second", 0.0)), summary.get("compile_seconds")
+    )
     sizing = data_sizing(startup, full_steps, tokens, params)
     if warning := sizing.warning():
         announce(f"smoke: warning: {warning}")

@@ -1,0 +1,87 @@
+"""What a run reports of itself: the start-up record (what it trains with, before its first step) and
+the summary (its figures and checkpoints at the end), read off the trainer's components."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from gptcore.runtime.attention import attention_backend
+from gptcore.runtime.device import device_report
+from gptcore.runtime.flops import FLOP_FORMULA
+from gptcore.runtime.memory import peak_memory_bytes
+from gptcore.train.compile import compiled_graphs
+from gptcore.train.records import StartupRecord, SummaryRecord
+
+Trainer = Any  # gptcore.train.trainer.Trainer, which imports this module: named here, not imported
+
+
+def startup_record(trainer: Trainer) -> StartupRecord:
+    """What the run trains with, before its first step."""
+    job, steps, measures = trainer.job, trainer.planned_steps, trainer.measures
+    device = device_report(trainer.runtime.device)
+    machine = ("processor", "gpu_name", "gpu_memory_bytes", "torch_version", "cuda_available")
+    directory, resumed = job.checkpoint_directory, trainer.resumed_from
+    return StartupRecord(
+        **{key: device[key] for key in machine},
+        **trainer.runtime.to_dict(),
+        compile_seconds=trainer.compile_seconds,
+        attention_backend=attention_backend(job.model, trainer.runtime.device, trainer.runtime.dtype),
+        **asdict(measures),  # FLOPs per token, the peak they are judged by, the memory estimate
+        estimated_peak_memory_bytes=measures.estimated_peak_memory_bytes,
+        flop_formula=FLOP_FORMULA,
+        batch_probe=trainer.batch.figures,
+        sequence_length=job.model.block_size,
+        parameter_count=trainer.model.parameter_count(),
+        matmul_parameter_count=trainer.model.matmul_parameter_count(),
+        max_steps=trainer.training.max_steps,
+        epochs=trainer.training.epochs,
+        planned_steps=steps,
+        schedule_steps=trainer.schedule.total_steps,
+        warmup_steps=trainer.schedule.warmup_steps,
+        tokens_per_step=trainer.tokens_per_step,
+        planned_tokens=steps * trainer.tokens_per_step if steps else None,
+        train_examples=trainer.train_set.count if trainer.train_set else None,
+        validation_examples=trainer.val_set.count if trainer.val_set else None,
+        steps_per_epoch=trainer.state.steps_per_epoch if trainer.train_set else None,
+        checkpoint_directory=str(directory) if directory else None,
+        world_size=job.world_size,
+        per_rank_batch_size=trainer.plan.batch_size,
+        global_batch=trainer.plan.global_batch,
+        start_step=trainer.state.step,
+        resumed_from=str(resumed) if resumed else None,
+        fingerprint=trainer.fingerprint,
+        dry_run=job.dry_run,
+    )
+
+
+def summary_record(trainer: Trainer, started: float, start_step: int) -> SummaryRecord:
+    """The run's figures and checkpoints at its end (`started`: its perf_counter start)."""
+    trained = not trainer.job.dry_run
+    steps_per_second = trainer.meter.steps_per_second if trained else 0.0
+    tokens_per_second = trainer.meter.tokens_per_second if trained else 0.0
+    return SummaryRecord(
+        steps=trainer.state.step,
+        planned_steps=trainer.planned_steps,
+        tokens_per_second=tokens_per_second,
+        steps_per_second=steps_per_second,
+        mfu=trainer.measures.mfu(tokens_per_second),
+        **(trainer.machine_load.whole() if trainer.machine_load else {}),
+        peak_flops=trainer.measures.peak_flops,
+        peak_memory_bytes=peak_memory_bytes(trainer.runtime.device),
+        training_peak_memory_bytes=trainer.memory.peak() if trained else None,
+        training_peak_memory_source=trainer.memory.source,
+        estimated_peak_memory_bytes=trainer.measures.estimated_peak_memory_bytes,
+        final_train_loss=trainer.last_train_loss,
+        final_val_loss=trainer.evaluator.last_val_loss,
+        best_val_loss=trainer.state.best_val_loss,
+        unigram_val_loss=trainer.evaluator.unigram,
+        elapsed_seconds=time.perf_counter() - started,
+        estimated_total_seconds=(trainer.planned_steps or 0) / steps_per_second if steps_per_second else None,
+        compile_seconds=trainer.compile_seconds,
+        recompilations=compiled_graphs() - trainer.graphs_at_start if trainer.runtime.compile else None,
+        **trainer.checkpointer.figures(),
+        start_step=start_step,
+        dry_run=trainer.job.dry_run,
+    )
