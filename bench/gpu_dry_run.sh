@@ -3,7 +3,8 @@
 # the GPU machine's bare image: a venv holding only what that image holds that matters here (torch's
 # CPU build in place of its CUDA one, numpy, typer, rich, pyyaml, tokenizers, tiktoken, psutil, pyarrow,
 # safetensors; no pydantic, MLflow, Prefect or datasets) plus the carried wheels, built for this
-# Python, runs the check's --cpu-dry-run. About 2 minutes; the venv is kept for the next time.
+# Python, runs the check's --cpu-dry-run. About 8 minutes on 2 cores (it compiles two models); the venv
+# is kept for the next time.
 #
 #   bash bench/gpu_dry_run.sh        # or: make gpu-dry-run
 set -euo pipefail

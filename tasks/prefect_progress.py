@@ -8,6 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.reports import startup_line
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class PrefectProgress(TrainingCallback):
         self.startup = dict(startup)
         self.planned_steps = max(1, int(startup.get("planned_steps") or self.planned_steps))
         self.start_step = int(startup.get("start_step") or 0)
+        _run_logger().info("%s: %s", self.key, startup_line(startup))
         self._call(self._create, 100.0 * self.start_step / self.planned_steps)
 
     def on_step(self, metrics: dict[str, Any]) -> None:

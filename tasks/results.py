@@ -65,6 +65,7 @@ class SmokeResult(StageResult):
     summary: dict[str, Any]  # the trainer's summary record
     full_planned_steps: int
     estimated_full_seconds: float
+    estimate: dict[str, Any] | None = None  # gptcore.train.estimate.RunTimeEstimate.figures(): its parts
     # tasks.stages.smoke_gate.DataSizing: tokens per parameter of the full run and of the train split.
     data_sizing: dict[str, Any] = {}
     # The batch it trained with (gptcore.runtime.batch_size.BatchChoice as a dict): full training reuses it.

@@ -268,6 +268,10 @@ def test_a_terminal_gets_a_progress_bar_and_the_summary_and_json_gets_every_line
     code, shown = _on_a_terminal(*args, "--checkpoint-directory", str(tmp_path / "bar"))
     assert code == 0, shown
     assert "full" in shown and "6/6" in shown and "tokens/s" in shown and "loss " in shown
+    assert re.search(r"eager\s+\(auto:\s+off\s+on\s+cpu", shown), (
+        "the start-up line: compiled or not, and why"
+    )
+    assert re.search(r"attention\s+\w+", shown)
     events = re.findall(r'\{"event": "(\w+)"', shown)  # the terminal's control codes may precede a line
     assert events == ["summary"]  # the records a script wants, without the step lines
     code, shown = _on_a_terminal(*args, "--checkpoint-directory", str(tmp_path / "json"), "--json")

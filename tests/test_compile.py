@@ -62,6 +62,34 @@ def test_a_compiled_run_trains_as_eager_does_and_resumes_bit_for_bit(tmp_path: P
     )
 
 
+@pytest.mark.slow
+def test_activation_checkpointing_trains_compiled_as_it_does_eager() -> None:
+    runtime = RuntimeConfig(device="cpu", precision="fp32", batch_size=8, activation_checkpointing=True)
+    eager, compiled = Recorder(), Recorder()
+    train(job(runtime=runtime, training={"max_steps": 4}), eager)
+    train(job(runtime=runtime.model_copy(update={"compile": True}), training={"max_steps": 4}), compiled)
+    assert compiled.of("start")[0]["compile"] and compiled.of("start")[0]["activation_checkpointing"]
+    for (step, mine), (_, theirs) in zip(compiled.losses(), eager.losses(), strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-4), step
+
+
+def test_running_out_of_memory_while_compiling_gets_the_out_of_memory_response(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class OutOfMemory(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+
+    monkeypatch.setattr(compile_module.torch, "compile", lambda module: OutOfMemory())
+    failures = Recorder()
+    with pytest.raises(TrainingError) as caught:
+        train(compiled_job(), failures)
+    message = str(caught.value)
+    assert message.startswith("out of memory on cpu at batch size 8, sequence length 16")
+    assert "Tried to allocate 3.00 GiB" in message and "try --batch-size 4 --grad-accum 2" in message
+    assert failures.of("start") == [], "it stopped before training started"
+
+
 def test_a_run_that_is_not_compiled_reports_no_compile_figures() -> None:
     eager = Recorder()
     summary = train(job(training={"max_steps": 2}), eager)

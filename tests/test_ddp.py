@@ -127,6 +127,23 @@ def test_two_ranks_of_batch_b_train_like_one_process_of_batch_2b(folder, referen
     assert (folder / "two-ranks" / "final.pt").is_file()
 
 
+def test_two_compiled_ranks_train_like_one_eager_process(folder, reference):
+    params = write_params(folder, steps=20, checkpoint_every=10)
+    args = train_args(params, folder / "two-ranks-compiled", "--nproc", "2", "--batch-size", "2", "--compile")
+    run = gptpipe(args)
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr[-2000:]
+    lines = records(stdout)
+    startup = next(r for r in lines if r["event"] == "startup")
+    assert startup["compile"] and startup["world_size"] == 2 and startup["compile_seconds"] > 0
+    got = losses(lines)
+    assert sorted(got) == sorted(reference)
+    worst = max(abs(got[s] - reference[s]) for s in reference)
+    assert worst <= 1e-4, f"compiled over two ranks, the losses differ from eager by {worst:.2e}"
+    summary = next(r for r in lines if r["event"] == "summary")
+    assert summary["recompilations"] == 0
+
+
 def test_two_launchers_of_one_process_each_form_one_job(folder, reference):
     params = write_params(folder, steps=20, checkpoint_every=10)
     endpoint = f"127.0.0.1:{free_port()}"

@@ -103,18 +103,23 @@ def test_an_absurd_learning_rate_fails_the_gate_on_validation_while_train_loss_s
     assert "learning rate (peak 0.2) is likely too high" in gate.likely_cause(0.2, "fp32")
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_full_training_stops_when_validation_goes_above_the_uniform_guess_after_warmup(
-    tmp_path: Path,
+    tmp_path: Path, compiled: bool
 ) -> None:
     params = tiny_params({"learning_rate": 0.5, "warmup_steps": 2})
     settings = params.full.model_copy(update={"max_steps": 12, "eval_every": 6, "checkpoint_every": 3})
+    runtime = params.runtime.model_copy(update={"compile": compiled})
     job = TrainJob.from_params(params, "full", train_tokens=TRAIN, validation_tokens=VALIDATION)
-    job = TrainJob(**{**job.__dict__, "training": settings, "checkpoint_directory": tmp_path})
+    job = TrainJob(
+        **{**job.__dict__, "training": settings, "runtime": runtime, "checkpoint_directory": tmp_path}
+    )
     recorder = Recorder()
     with pytest.raises(
         TrainingError, match=r"above the uniform guess ln\(300\) = 5.7038 .*: training diverged"
     ):
         train(job, recorder)
+    assert recorder.of("start")[0]["compile"] is compiled
     stopped_at = recorder.of("eval")[-1]["step"]
     kept = [c for c in recorder.of("checkpoint") if c["kind"] == "step"]
     assert kept and kept[-1]["step"] < stopped_at, "no checkpoint written of the diverged weights"

@@ -99,6 +99,8 @@ class Checkpointer:
         self.saved: dict[str, str] = {}  # latest / best / final -> path, once written
         self.seconds = 0.0  # spent writing, in all (on the writer thread when in the background)
         self.stall_seconds = 0.0  # the training loop's wait: the snapshot, and the write before it
+        self.wait_seconds = 0.0  # of the stall, waiting for a write in flight (the rest: snapshots)
+        self.saves = 0  # checkpoints taken (a snapshot each)
         self.last_good: str | None = None
         self.writer = CheckpointWriter(background)
 
@@ -128,7 +130,7 @@ class Checkpointer:
         if not self.writes:
             return None
         started = time.perf_counter()
-        self.writer.wait()  # one write in flight at most: one snapshot in memory
+        self.wait_seconds += self.writer.wait()  # one write in flight at most: one snapshot in memory
         parts, identity, step = self.parts, self.identity, self.parts.state.step
         state = snapshot(
             {
@@ -161,6 +163,7 @@ class Checkpointer:
             return Written(path, kind, step, seconds)
 
         self.writer.submit(write)
+        self.saves += 1
         self.stall_seconds += time.perf_counter() - started
         return directory / f"{name}.pt"
 
@@ -174,7 +177,9 @@ class Checkpointer:
         """The checkpoints written since the last call (with `wait`, the one in flight too); a failed
         write's error is raised here, on the training thread."""
         if wait and self.writes:
-            self.stall_seconds += self.writer.wait()
+            waited = self.writer.wait()
+            self.stall_seconds += waited
+            self.wait_seconds += waited
         done = self.writer.finished()
         for written in done:
             self.seconds += written.seconds
@@ -188,6 +193,8 @@ class Checkpointer:
         return {
             "checkpoint_save_seconds": self.seconds,
             "checkpoint_stall_seconds": self.stall_seconds,
+            "checkpoint_wait_seconds": self.wait_seconds,
+            "checkpoint_saves": self.saves,
             **{f"{kind}_checkpoint": self.saved.get(kind) for kind in ("final", "best", "latest")},
         }
 

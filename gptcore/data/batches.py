@@ -36,8 +36,7 @@ class ExampleSet:
 
     def count_within(self, limit: int | None) -> int:
         """How many examples the stream holds under another run's `training_examples` limit."""
-        available = len(self.stream) // self.window
-        return available if limit is None else min(limit, available)
+        return examples_in(len(self.stream), self.block_size, limit)
 
     @property
     def token_count(self) -> int:
@@ -66,12 +65,18 @@ def open_examples(
     refusing ids outside the vocabulary and streams too short for one example."""
     stream = source if isinstance(source, TokenStream) else open_tokens(source)
     check_vocabulary(stream, vocab_size)
-    available = len(stream) // (block_size + 1)
-    if available == 0:
+    if examples_in(len(stream), block_size) == 0:
         raise DataError(
             f"{stream.path}: {len(stream)} {what} tokens hold no example of block_size + 1 = {block_size + 1}"
         )
-    return ExampleSet(stream, block_size, available if limit is None else min(limit, available))
+    return ExampleSet(stream, block_size, examples_in(len(stream), block_size, limit))
+
+
+def examples_in(tokens: int, block_size: int, limit: int | None = None) -> int:
+    """The examples of block_size + 1 tokens (input and shifted target) that `tokens` hold, at most
+    `limit`."""
+    available = tokens // (block_size + 1)
+    return available if limit is None else min(limit, available)
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gptcore.tools.console import JSON_ONLY, wants_progress_bar
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.reports import startup_line
 
 __all__ = ["JSON_ONLY", "ProgressBar", "wants_progress_bar"]
 
@@ -36,6 +37,7 @@ class ProgressBar(TrainingCallback):
             console=Console(stderr=True),
             transient=False,
         )
+        self.progress.console.print(f"{self.name}: {startup_line(startup)}", highlight=False)
         total = startup.get("planned_steps") or startup.get("max_steps")
         self.task = self.progress.add_task(
             self.name, total=total, completed=startup.get("start_step", 0), loss="-", val="-", speed="-"

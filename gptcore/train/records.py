@@ -108,6 +108,9 @@ class StartupRecord(Record):
     train_examples: int | None = param()
     validation_examples: int | None = param()
     steps_per_epoch: int | None = context()
+    eval_every: int = context()  # with the two below, what gptcore.train.estimate.RunPlan counts
+    eval_at_start: bool = context()
+    checkpoint_every: int = context()
     # The estimates.
     estimated_peak_memory_bytes: int = context()
     estimated_memory: dict[str, int] = field(default_factory=dict)
@@ -192,6 +195,10 @@ class SummaryRecord(Record):
     recompilations: int | None = metric(optional=True)  # graphs compiled again during training
     checkpoint_save_seconds: float = metric()  # writing the files (in the background unless turned off)
     checkpoint_stall_seconds: float = metric()  # what the training loop waited for them
+    checkpoint_wait_seconds: float = metric()  # of the stall, waiting for writes (the rest: snapshots)
+    checkpoint_saves: int = metric()  # checkpoints taken: a longer run's snapshots are priced by them
+    evaluation_seconds: float = metric()  # in evaluations, outside every rate (gptcore.train.estimate)
+    evaluated_examples: int = metric()  # validation examples scored, over every evaluation
     final_checkpoint: str | None = context()
     best_checkpoint: str | None = context()
     latest_checkpoint: str | None = context()

@@ -45,6 +45,9 @@ def startup_record(trainer: Trainer) -> StartupRecord:
         train_examples=trainer.train_set.count if trainer.train_set else None,
         validation_examples=trainer.val_set.count if trainer.val_set else None,
         steps_per_epoch=trainer.state.steps_per_epoch if trainer.train_set else None,
+        eval_every=trainer.training.eval_every,
+        eval_at_start=trainer.training.eval_at_start,
+        checkpoint_every=trainer.training.checkpoint_every,
         checkpoint_directory=str(directory) if directory else None,
         world_size=job.world_size,
         per_rank_batch_size=trainer.plan.batch_size,
@@ -82,6 +85,24 @@ def summary_record(trainer: Trainer, started: float, start_step: int) -> Summary
         compile_seconds=trainer.compile_seconds,
         recompilations=compiled_graphs() - trainer.graphs_at_start if trainer.runtime.compile else None,
         **trainer.checkpointer.figures(),
+        evaluation_seconds=trainer.evaluator.seconds,
+        evaluated_examples=trainer.evaluator.examples,
         start_step=start_step,
         dry_run=trainer.job.dry_run,
+    )
+
+
+def startup_line(startup: dict[str, Any]) -> str:
+    """The start-up record in one line for a person: where and how it trains, compiled or not and why,
+    the attention kernel."""
+    if startup.get("compile"):
+        seconds = startup.get("compile_seconds")
+        took = f" in {seconds:.1f} s" if seconds is not None else ""
+        how = f"compiled{took} ({startup.get('compile_source')})"
+    else:
+        how = f"eager ({startup.get('compile_source')})"
+    return (
+        f"{startup.get('device')} {startup.get('precision')}, batch {startup.get('batch_size')} x"
+        f" {startup.get('grad_accum_steps')} ({startup.get('batch_size_source')}), {how},"
+        f" attention {startup.get('attention_backend')}, {startup.get('parameter_count', 0):,} parameters"
     )

@@ -12,8 +12,10 @@ from the checkpoint's is refused with the differing keys.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +136,10 @@ class Trainer:
                     self.resumed_from = self.checkpointer.restore(self.runtime.device)
                 start_step = self.state.step
                 if not self.job.dry_run:
-                    self.compile_at_start()
+                    budget = memory_budget(self.runtime.device, self.memory.held())  # before compiling
+                    self.memory.start(budget)
+                    with self.out_of_memory_stops():  # the probe runs a step's forward and backward
+                        self.compile_at_start()
                 self.events.on_start(self.startup_record().to_dict())
                 if not self.job.dry_run:
                     self.train_and_finish()
@@ -160,18 +165,24 @@ class Trainer:
     def train_and_finish(self) -> None:
         """The baseline evaluation when due, the steps, then the final evaluation and checkpoint. A step
         that runs out of memory ends the run with what to change (`OutOfMemory`)."""
-        self.memory.start(memory_budget(self.runtime.device, self.memory.held()))
-        try:
+        self.memory.start(self.memory.budget)  # the training's peak from here, not the compiler's
+        with self.out_of_memory_stops():
             if self.evaluator.due_at_start(self.state.step):
                 self.evaluate()  # the untrained baseline that later evaluations are judged by
             self.train_steps()
+        self.evaluate()
+        self.save("final")
+
+    @contextlib.contextmanager
+    def out_of_memory_stops(self) -> Iterator[None]:
+        """Running out of memory in the block ends the run with what to change (`OutOfMemory`)."""
+        try:
+            yield
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):
                 raise
             self.checkpointer.settle()
             raise TrainingError(self.out_of_memory().response(error, self.checkpointer.latest())) from None
-        self.evaluate()
-        self.save("final")
 
     # --- the loop ---------------------------------------------------------------------------------
 

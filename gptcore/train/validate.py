@@ -8,6 +8,7 @@ also reports the unigram baseline (the loss a model that ignores context reaches
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -39,6 +40,8 @@ class Evaluator:
         self.rank = rank
         self.unigram: float | None = None
         self.last_val_loss: float | None = None
+        self.seconds = 0.0  # spent evaluating, in all: what a longer run's evaluations are priced by
+        self.examples = 0  # evaluated, in all
 
     @classmethod
     def for_job(
@@ -60,6 +63,7 @@ class Evaluator:
         """The evaluation record at `step`, or None without validation examples."""
         if self.validation is None:
             return None
+        started = time.perf_counter()
         model.eval()
         loader = BatchLoader(self.validation, self.runtime.device, self.runtime.pin_memory, 0)
         batch = self.runtime.batch_size
@@ -71,7 +75,9 @@ class Evaluator:
                 _, loss = model(x, y, loss_only=True)  # one piece of logits at a time
             total += loss.double() * x.shape[0]
         model.train()
-        self.last_val_loss = float(all_reduce_sum(total).item()) / self.validation.count
+        self.last_val_loss = float(all_reduce_sum(total).item()) / self.validation.count  # waits for it
+        self.seconds += time.perf_counter() - started
+        self.examples += self.validation.count
         first = self.unigram is None
         if first:  # the baseline a model must beat, once per run
             self.unigram = unigram_loss(self.train, self.validation, model.config.vocab_size)

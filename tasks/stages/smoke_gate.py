@@ -140,16 +140,6 @@ def memory_limit(device_report: dict[str, Any]) -> int:
     return int(psutil.virtual_memory().total)
 
 
-def estimate_full_seconds(
-    full_planned_steps: int, smoke_steps_per_second: float, compile_seconds: float | None = None
-) -> float:
-    """Planned optimizer steps of the full run at the smoke run's measured rate (same batch, device),
-    plus the compilation the full run will do again at its start."""
-    if smoke_steps_per_second <= 0:
-        return math.inf
-    return full_planned_steps / smoke_steps_per_second + (compile_seconds or 0.0)
-
-
 @dataclass(frozen=True)
 class DataSizing:
     """The corpus against the model: tokens per parameter of the full run and of one pass over the train

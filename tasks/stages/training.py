@@ -16,14 +16,16 @@ from typing import Any
 from prefect import task
 
 from gptcore.config import PipelineParams, TrainingConfig
+from gptcore.data.batches import examples_in
 from gptcore.errors import TrainingError
 from gptcore.tools.atomic import write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
+from gptcore.train.estimate import RunPlan, estimate_run
 from gptcore.train.records import SummaryRecord
 from tasks.caching import fingerprint_key
 from tasks.prefect_progress import PrefectProgress
 from tasks.results import DeviceResult, FullResult, SmokeResult, TokensResult, file_record
-from tasks.stages.smoke_gate import DataSizing, estimate_full_seconds, judge, memory_limit
+from tasks.stages.smoke_gate import DataSizing, judge, memory_limit
 
 SMOKE_RECORD = "smoke.json"
 # Runtime fields that change what training computes (threads and pinning do not).
@@ -224,9 +226,7 @@ def smoke_task(
     )
     startup = progress.startup
     full_steps = int(startup["schedule_steps"])  # the trainer's count for the full run on this data
-    estimate = estimate_full_seconds(
-        full_steps, float(summary.get("steps_per_second", 0.0)), summary.get("compile_seconds")
-    )
+    estimate = estimate_run(summary, full_plan(params, full_steps, tokens))
     sizing = data_sizing(startup, full_steps, tokens, params)
     if warning := sizing.warning():
         announce(f"smoke: warning: {warning}")
@@ -240,7 +240,8 @@ def smoke_task(
         "val_losses": progress.val_losses,
         "summary": summary,
         "full_planned_steps": full_steps,
-        "estimated_full_seconds": estimate,
+        "estimated_full_seconds": estimate.total_seconds if estimate else math.inf,
+        "estimate": estimate.figures() if estimate else None,
         "data_sizing": {**sizing.figures(), "warning": sizing.warning()},
         "batch": {
             "batch_size": startup["batch_size"],
@@ -268,10 +269,18 @@ def smoke_task(
             "last_val_loss": gate.last_val_loss,
             "optimizer_source": params.smoke_optimizer_source,
             "full_planned_steps": full_steps,
-            "estimated_full_seconds": round(estimate, 1) if math.isfinite(estimate) else None,
+            "estimated_full_seconds": round(estimate.total_seconds, 1) if estimate else None,
             **sizing.figures(),
         },
     )
+
+
+def full_plan(params: PipelineParams, full_steps: int, tokens: TokensResult) -> RunPlan:
+    """What the full run will do: its steps, evaluations of its validation examples, checkpoints."""
+    validation_tokens = int(tokens.figures.get("validation_tokens", 0))
+    block_size = params.model.architecture.block_size
+    validation = examples_in(validation_tokens, block_size, params.full.validation_examples)
+    return RunPlan.of(params.full, full_steps, validation)
 
 
 def data_sizing(
@@ -333,5 +342,13 @@ def full_task(
         summary=summary,
         files=file_record(*outputs),
         outputs=[str(path) for path in outputs],
-        figures=SummaryRecord.headline(summary),
+        figures={**SummaryRecord.headline(summary), **smoke_estimate(smoke, resume)},
     )
+
+
+def smoke_estimate(smoke: SmokeResult, resumed: bool) -> dict[str, float]:
+    """The smoke stage's estimate of this run, next to its `elapsed_seconds`; a resumed run's elapsed
+    time is only its last part, so it gets none."""
+    if resumed or not math.isfinite(smoke.estimated_full_seconds):
+        return {}
+    return {"estimated_full_seconds": round(smoke.estimated_full_seconds, 1)}
