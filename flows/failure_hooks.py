@@ -97,14 +97,23 @@ def _failed_task(flow_run_id: Any) -> str | None:
 
 
 def _publish(failure: Failure, flow_run: Any) -> None:
-    from prefect.artifacts import create_markdown_artifact
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
 
     from gptcore.config import load_params
     from tasks.tracking import TrackingSession
 
-    create_markdown_artifact(
-        failure.markdown(), key="gptpipe-failure", description=f"{failure.state}: {failure.stage}"
+    # The hook runs after the flow run's context is gone: the artifact names its flow run itself (through
+    # `create_markdown_artifact` it would be created outside any run, which Prefect warns is deprecated).
+    artifact = ArtifactCreate(
+        type="markdown",
+        key="gptpipe-failure",
+        description=f"{failure.state}: {failure.stage}",
+        flow_run_id=flow_run.id,
+        data=failure.markdown(),
     )
+    with get_client(sync_client=True) as client:
+        client.create_artifact(artifact)
     parameters = flow_run.parameters
     params = load_params(parameters.get("params_path"), list(parameters.get("overrides") or []))
     session = TrackingSession.open(params.tracking)

@@ -229,6 +229,22 @@ class TrainingConfig(Strict):
     seed: int = 1337
     optimizer: OptimizerConfig = OptimizerConfig()
 
+    # What a run of `steps` optimizer steps does, counted from these settings by the trainer's own rules
+    # (a log line every `log_every` steps and at the last; an evaluation, or a periodic checkpoint, every
+    # `every` steps before the last, which always evaluates and writes `final`).
+
+    def logged_losses(self, steps: int) -> int:
+        """Train losses the run logs."""
+        return steps // self.log_every + int(steps % self.log_every != 0)
+
+    def evaluations(self, steps: int) -> int:
+        """Evaluations the run makes (given validation examples): the baseline, periodic ones, the last."""
+        return int(self.eval_at_start) + (steps - 1) // self.eval_every + 1
+
+    def periodic_checkpoints(self, steps: int) -> int:
+        """Checkpoints the run writes every `checkpoint_every` steps (besides best and final)."""
+        return (steps - 1) // self.checkpoint_every
+
 
 class SmokeConfig(TrainingConfig):
     """A bounded run that proves the full run's configuration trains and fits, and measures throughput:
@@ -244,6 +260,26 @@ class SmokeConfig(TrainingConfig):
         description="unset: the full section's, so the smoke proves that configuration; set it to try "
         "another on purpose",
     )
+
+    @model_validator(mode="after")
+    def _gate_can_judge(self) -> SmokeConfig:
+        """The gate compares the first and last train losses and validation losses: a run that cannot
+        log two of each is refused now, not after the stages before it ran."""
+        if self.max_steps is None:  # epochs decide: the length is known only with the data
+            return self
+        logged = self.logged_losses(self.max_steps)
+        if logged < 2:
+            raise ValueError(
+                f"max_steps {self.max_steps} at log_every {self.log_every} logs {logged} train loss; the "
+                f"smoke gate needs 2: set log_every to at most {self.max_steps // 2} or max_steps to at "
+                f"least {2 * self.log_every}"
+            )
+        if not self.eval_at_start:
+            raise ValueError(
+                "eval_at_start false: the smoke gate judges validation from the untrained model's loss on; "
+                "set eval_at_start to true"
+            )
+        return self
 
 
 class FullTrainingConfig(TrainingConfig):

@@ -18,7 +18,7 @@ import pytest
 from process_support import free_port, stop_process_group
 from tracking_support import tracked_training
 
-from flows.cli.tracking import server_command, server_environment
+from flows.cli.tracking import MODEL_TRAINING_VIEW, server_command, server_environment
 from gptcore.config import TrackingConfig
 from tasks.tracking import TrackingSession
 
@@ -118,7 +118,9 @@ def test_the_runs_page_shows_datasets_and_models_and_the_registry_shows_the_cham
     assert "Dataset" in runs_page and "Models" in runs_page  # the columns, filled in:
     assert "tokens-train (" in runs_page and "tokens-validation (" in runs_page
     assert f"{MODEL_NAME} v1" in runs_page  # the registered version of the run's logged model
-    models_page = text_of(rendered(f"{url}/#/experiments/{experiment_id}/models"))
+    models_page = text_of(rendered(f"{url}/#/experiments/{experiment_id}/models?{MODEL_TRAINING_VIEW}"))
     assert "gpt-best" in models_page and "gpt-final" in models_page
+    assert "Agent versions" not in models_page, "a model-training experiment, not a GenAI application"
     registry_page = text_of(rendered(f"{url}/#/models/{MODEL_NAME}"))
     assert "Version 1" in registry_page and "@ champion" in registry_page
+    assert "@<method>" in registry_page, "the description's alias names are shown, not read as HTML tags"

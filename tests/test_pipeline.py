@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,11 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     write_corpus(tmp_path)
     params = str(write_params(tmp_path))
 
-    first = gptpipe(prefect_env, "--params", params)
+    as_a_person_runs_it = {k: v for k, v in prefect_env.items() if k != "MLFLOW_LOGGING_LEVEL"}
+    first = gptpipe(as_a_person_runs_it, "--params", params)
     assert states(first) == dict.fromkeys(STAGES, "completed")
+    for noise in ("INFO mlflow", "Validating input example", "system_metrics_monitor", "FutureWarning"):
+        assert noise not in first.stderr, f"{noise!r} in what a person sees (--verbose shows it)"
     full = stages_of(first)["full"]
     assert full["figures"]["final_val_loss"] < full["figures"]["unigram_val_loss"] + 2.0
     assert all(Path(path).is_file() for path in full["outputs"])
@@ -299,6 +303,17 @@ def test_a_smoke_that_diverges_on_validation_stops_the_pipeline_before_full_trai
         "--set smoke.optimizer.warmup_steps=1 --until quantize"
     )
     assert tags["failure.checkpoint"] == "none"  # no full training yet
+    # ... and the flow run's page shows it as an artifact of that flow run (no deprecation warning).
+    assert "FutureWarning" not in result.stderr
+    query = {"artifacts": {"key": {"any_": ["gptpipe-failure"]}}}
+    request = urllib.request.Request(
+        f"{prefect_env['PREFECT_API_URL']}/artifacts/filter", json.dumps(query).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        artifacts = json.loads(response.read())
+    ours = [a for a in artifacts if a["flow_run_id"] == tags["prefect.flow_run_id"]]
+    assert len(ours) == 1 and "# The run failed in stage `smoke`" in ours[0]["data"]
 
 
 def _listed_checkpoint(checkpoints: Path) -> Path | None:

@@ -109,6 +109,7 @@ def test_the_tradeoff_table_measures_every_method_against_fp32(text, tmp_path: P
     assert (tmp_path / "int8-weight-only" / "model.pt").is_file()
     table = tradeoff_markdown(rows, cpu_features())
     assert "| int8-weight-only |" in table and "torchao" in table
+    assert "test_loss" in fp32.metrics() and "| test loss |" in table, "the whole split: the evaluate stage's"
 
 
 def test_a_method_that_cannot_run_here_is_a_skipped_row_not_a_failure(
@@ -132,6 +133,27 @@ def test_a_method_that_cannot_run_here_is_a_skipped_row_not_a_failure(
         ("int8-dynamic", "skipped: no int8 kernels on this CPU"),
     ]
     assert rows[1].metrics() == {} and rows[0].test_tokens == 64
+
+
+def test_quality_on_the_first_tokens_is_named_for_them(text, tmp_path: Path) -> None:
+    from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown
+    from gptcore.model.quantization import cpu_features
+
+    tokenizer, test = text
+    settings = QuantizeConfig(methods=["bf16"], max_test_tokens=64, new_tokens=4, repeats=1)
+    stream = open_tokens(test)
+    rows = measure_tradeoff(
+        small_model(), settings.methods, stream, tokenizer, settings, EvaluateConfig(), tmp_path
+    )
+    metrics = rows[1].metrics()
+    assert rows[1].on_prefix and (rows[1].test_tokens, rows[1].test_split_tokens) == (64, len(stream) - 1)
+    assert "prefix_test_loss" in metrics and "prefix_test_bits_per_byte_delta" in metrics
+    assert not any(
+        name.startswith("test_") and name not in ("test_tokens", "test_split_tokens") for name in metrics
+    )
+    table = tradeoff_markdown(rows, cpu_features())
+    assert "| test loss (first 64 tokens) |" in table
+    assert f"the test split's first 64 of {len(stream) - 1:,} tokens (quantize.max_test_tokens)" in table
 
 
 def test_an_unknown_method_fails_validation_with_the_allowed_list() -> None:

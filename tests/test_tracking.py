@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from tasks.results import StageResult
 from tasks.tracking import PipelineRecorder, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.callback import MLflowCallback
 from tasks.tracking.delivery.outbox import Outbox
+from tasks.tracking.session import run_label
 from tasks.tracking.store import TrackingError, connect, environment_tags, redact, resolve_target
 
 STARTUP = {
@@ -149,6 +151,30 @@ def test_opening_a_store_again_in_one_process_finds_the_same_experiment_quickly(
     assert another.experiment_name == "another"
 
 
+def test_experiments_are_model_training_and_gptpipe_ui_opens_on_their_runs_table(tmp_path: Path) -> None:
+    from flows.cli.tracking import runs_page
+
+    base, config = "http://127.0.0.1:5000", TrackingConfig(uri=f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}")
+    assert runs_page(resolve_target(config), "gptpipe-iteration-1", base) == base, "no store: the home page"
+    assert not (tmp_path / "none").exists(), "looking did not create a store"
+
+    config = TrackingConfig(uri=fresh_store(tmp_path), experiment="gptpipe-iteration-1")
+    target = resolve_target(config)
+    assert runs_page(target, "gptpipe-iteration-1", base) == base, "no runs recorded yet: the home page"
+    session = TrackingSession.open(config)
+    page = runs_page(target, "gptpipe-iteration-1", base)
+    assert page == f"{base}/#/experiments/{session.experiment_id}/runs?workflowType=machine_learning"
+    kind = session.client.get_experiment(session.experiment_id).tags["mlflow.experimentKind"]
+    assert kind == "custom_model_development", "MLflow's UI opens it as model training, not GenAI"
+
+    older = session.client.create_experiment("made-by-an-older-gptpipe")  # no kind
+    TrackingSession.open(config.model_copy(update={"experiment": "made-by-an-older-gptpipe"}))
+    assert session.client.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"
+    session.client.set_experiment_tag(older, "mlflow.experimentKind", "genai_development")  # on purpose
+    TrackingSession.open(config.model_copy(update={"experiment": "made-by-an-older-gptpipe"}))
+    assert session.client.get_experiment(older).tags["mlflow.experimentKind"] == "genai_development"
+
+
 def test_open_refuses_a_store_that_cannot_be_used(tmp_path: Path) -> None:
     with pytest.raises(TrackingError, match="sqlite:///"):
         TrackingSession.open(TrackingConfig(uri="./mlruns"), root=tmp_path)
@@ -199,7 +225,7 @@ def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
     for kind in ("step", "best", "final"):
         path = fake_checkpoint(folder, kind, callback.metadata)
         callback.on_checkpoint(path, {"kind": kind, "step": 4, "seconds": 0.01})
-    summary = {name: 1.5 for name in END_METRICS} | {"steps": 4, "estimated_total_seconds": None}
+    summary = {name: 1.5 for name in END_METRICS} | {"steps": 4, "steady_steps_seconds": None}
     callback.on_end(summary)
 
     run = session.client.get_run(run_id)
@@ -209,7 +235,7 @@ def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
     assert run.data.params["note"] == "***"
     assert history(session, run_id, "train_loss") == [(2, 5.0), (4, 4.0)]
     assert set(STEP_METRICS) | {"val_loss", "val_perplexity", "unigram_val_loss"} <= set(run.data.metrics)
-    assert "estimated_total_seconds" not in run.data.metrics  # None is not a number to plot
+    assert "steady_steps_seconds" not in run.data.metrics  # None is not a number to plot
     assert run.data.metrics["peak_memory_bytes"] == 1.5
     assert run.data.tags["latest_checkpoint"] == str((folder / "final.pt").resolve())
     logged = {
@@ -450,6 +476,14 @@ def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_poi
     assert client.get_run(producer).data.tags["cached"] == "false"
     assert {a.path for a in client.list_artifacts(producer, "outputs")} == {"outputs/tokenizer.json"}
     assert parent.info.status == "FINISHED"
+    # Named for what a person compares: the iteration, the file (not iteration_7.yaml), the settings.
+    assert re.fullmatch(r"iteration-7-iteration-[0-9a-f]{8}", parent.info.run_name)
+    assert child.info.run_name == f"tokenizer-{parent.info.run_name}"
+    other = params.model_copy(update={"full": params.full.model_copy(update={"max_steps": 3})})
+    assert run_label(other, path) != parent.info.run_name, "other settings: another name"
+    assert run_label(params, tmp_path / "iteration_7.yaml").startswith("iteration-7-") and (
+        "iteration_7" not in run_label(params, tmp_path / "iteration_7.yaml")
+    ), "the iteration said once"
 
 
 def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) -> None:
@@ -514,7 +548,10 @@ def test_gptpipe_train_records_its_run_and_a_resume_continues_it(
     run_id = checkpoint_metadata(directory / "final.pt")["metadata"]["mlflow_run_id"]
     session = TrackingSession.open(params.tracking)
     run = session.client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == "iteration-full"
+    assert run.info.status == "FINISHED"
+    assert re.fullmatch(rf"full-iteration-{params.iteration}-iteration-[0-9a-f]{{8}}", run.info.run_name), (
+        "the stage, the iteration, the parameter file (not the iteration's own), the settings' fingerprint"
+    )
     assert [a.path for a in session.client.list_artifacts(run_id, "inputs")] == ["inputs/iteration.yaml"]
     assert run.data.params["model.profile"] == "tiny"
     assert main(train_args(path, directory, "--resume")) == 0  # resumes from final: nothing left to train

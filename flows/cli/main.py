@@ -10,6 +10,7 @@ traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -38,6 +39,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+@app.callback()
+def _options(
+    verbose: bool = typer.Option(
+        False, "--verbose", help="the libraries' INFO logs too (MLflow's model validation, its monitors)"
+    ),
+) -> None:
+    """Options of every command (`gptpipe --verbose run`)."""
+    quiet_libraries(verbose)
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """A person sees the stages, their results and real warnings: MLflow's INFO lines (a model's input
+    example validated, the system-metrics monitor started) only with `--verbose`. Through the
+    environment, before MLflow is imported, so the processes a command starts keep to it too."""
+    if verbose:
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "INFO"
+    else:
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 
 def _register_commands() -> None:

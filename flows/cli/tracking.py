@@ -43,8 +43,10 @@ def ui_command(
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind; loopback unless you ask"),
     port: int = typer.Option(5000, "--port", min=1, max=65535),
     jobs: bool = typer.Option(False, "--jobs", help="also start MLflow's job runner (its GenAI jobs)"),
+    open_: bool = typer.Option(False, "--open", help="open the runs page in a browser once it answers"),
 ) -> None:
-    """Start the MLflow UI (`mlflow server`) over the tracking store and print its URL."""
+    """Start the MLflow UI (`mlflow server`) over the tracking store and print the URL of the iteration's
+    experiment's runs table."""
     from tasks.tracking.store import redact, resolve_target
 
     _, params = resolve_params(params_file, iteration, [])
@@ -55,7 +57,11 @@ def ui_command(
     if not is_loopback(host):
         print(f"warning: --host {host}: the MLflow UI will be reachable from other machines", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
-    print(f"MLflow UI: http://{shown}:{port}  (store {target.uri}; Ctrl-C stops it)", flush=True)
+    base = f"http://{shown}:{port}"
+    page = runs_page(target, params.tracking.experiment, base)
+    print(f"MLflow UI: {page}  (store {target.uri}; Ctrl-C stops it)", flush=True)
+    if open_:
+        open_when_answering(base, page)
     from gptcore.tools.processes import run_process_tree
 
     try:  # Ctrl-C and SIGTERM stop the server and its workers, the whole tree
@@ -65,6 +71,47 @@ def ui_command(
         return
     if code not in (0, -2, -15, 130, 143):
         raise ConfigError(f"mlflow server exited with status {code} (is port {port} in use? try --port)")
+
+
+# Asked of MLflow's UI in the address too: it keeps the last mode a browser used, GenAI by default.
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def runs_page(target: Any, experiment: str, base: str) -> str:
+    """The runs table of `experiment` in the UI at `base` over a local store, shown as model training;
+    the UI's home page while the store has no such experiment (nothing recorded yet)."""
+    if target.database is None or not target.database.exists():
+        return base  # no store yet: opening it here would create it
+    from mlflow import MlflowClient
+
+    try:
+        found = MlflowClient(tracking_uri=target.uri).get_experiment_by_name(experiment)
+    except Exception:  # an unreachable or unreadable store: the UI itself will say so
+        found = None
+    if found is None:
+        return base
+    return f"{base.rstrip('/')}/#/experiments/{found.experiment_id}/runs?{MODEL_TRAINING_VIEW}"
+
+
+def open_when_answering(base: str, page: str, seconds: float = 120.0) -> None:
+    """Open `page` in the default browser once the server at `base` answers its health check, from a
+    thread, so the server's output goes on meanwhile."""
+    import threading
+    import time
+    import urllib.request
+    import webbrowser
+
+    def wait_then_open() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):
+                    webbrowser.open(page)
+                    return
+            except OSError:
+                time.sleep(0.5)
+
+    threading.Thread(target=wait_then_open, name="gptpipe-ui-open", daemon=True).start()
 
 
 def compare_command(

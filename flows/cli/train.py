@@ -79,11 +79,12 @@ def training_callbacks(
     if track:
         from gptcore.train.records import profile_params
         from tasks.tracking import TrackingSession
+        from tasks.tracking.session import run_label
 
         session = TrackingSession.open(params.tracking)
         tags = {"stage": stage, "kind": "training", "source": "gptpipe train"}
         inputs = [params_file] if params_file else []
-        run_name = f"{Path(params_file).stem}-{stage}" if params_file else stage
+        run_name = f"{stage}-{run_label(params, params_file)}"
         fields = job_fields or {}
         datasets = {"train": fields.get("train_tokens"), "validation": fields.get("validation_tokens")}
         callback = session.training_callback(

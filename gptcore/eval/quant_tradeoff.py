@@ -40,6 +40,13 @@ from gptcore.tools.markdown import cell, table
 OK = "ok"
 
 
+# A row's quality figures: on the whole test split, or on its first tokens (`TradeoffRow.on_prefix`).
+QUALITY = frozenset(
+    {"test_loss", "test_loss_delta", "test_perplexity", "test_perplexity_change", "test_bits_per_byte"}
+    | {"test_bits_per_byte_delta"}
+)
+
+
 @dataclass(frozen=True)
 class TradeoffRow:
     """One method's figures; the field names are the MLflow metric names (`method` and `status` aside)."""
@@ -55,7 +62,8 @@ class TradeoffRow:
     test_perplexity_change: float | None = None  # relative: 0.01 is 1% above fp32
     test_bits_per_byte: float | None = None
     test_bits_per_byte_delta: float | None = None
-    test_tokens: int | None = None
+    test_tokens: int | None = None  # the tokens predicted: the whole split's, or its first ones
+    test_split_tokens: int | None = None  # the whole split's (the evaluate stage's `test_tokens`)
     greedy_agreement: float | None = None
     generate_tokens_per_second: float | None = None
     prefill_tokens_per_second: float | None = None
@@ -67,11 +75,20 @@ class TradeoffRow:
     def measured(self) -> bool:
         return self.status == OK
 
+    @property
+    def on_prefix(self) -> bool:
+        """Quality measured on the test split's first `test_tokens` tokens (`quantize.max_test_tokens`),
+        not all of it: its figures are not the evaluate stage's, and their names say so."""
+        return self.test_split_tokens is not None and (self.test_tokens or 0) < self.test_split_tokens
+
     def metrics(self) -> dict[str, float]:
-        """The numeric figures, for MLflow (a skipped row has none)."""
+        """The numeric figures, for MLflow (a skipped row has none); quality on a prefix of the test split
+        as `prefix_test_*`, so `test_*` always means the whole split, as the evaluate stage's does."""
         skip = {"method", "status"}
         return {
-            f.name: float(getattr(self, f.name))
+            (f"prefix_{f.name}" if self.on_prefix and f.name in QUALITY else f.name): float(
+                getattr(self, f.name)
+            )
             for f in fields(self)
             if f.name not in skip and getattr(self, f.name) is not None
         }
@@ -148,6 +165,7 @@ def _measure(
         test_perplexity=math.exp(min(loss, 700.0)),
         test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
         test_tokens=predicted,
+        test_split_tokens=len(test) - 1,
         generate_tokens_per_second=generate,
         prefill_tokens_per_second=prefill,
         **load.whole(),
@@ -227,7 +245,17 @@ def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
             cell(row.peak_rss_bytes / 1e6, ".0f"),
         ])  # fmt: skip
     described = ", ".join(f"{key} {value}" for key, value in machine.items())
-    return "\n".join([table(TRADEOFF_HEADER, cells), "", f"Measured on: {described}."])
+    header, lines = list(TRADEOFF_HEADER), []
+    reference = next((row for row in rows if row.measured), None)
+    if reference is not None and reference.on_prefix:  # the loss is not the evaluate stage's: say whose
+        header[header.index("test loss")] = f"test loss (first {reference.test_tokens:,} tokens)"
+        lines = [
+            f"Quality columns: the test split's first {reference.test_tokens:,} of "
+            f"{reference.test_split_tokens:,} tokens (quantize.max_test_tokens); the evaluate stage's test "
+            "loss covers them all.",
+            "",
+        ]
+    return "\n".join([table(header, cells), "", *lines, f"Measured on: {described}."])
 
 
 TABLE_JSON = "tradeoff.json"

@@ -32,20 +32,16 @@ class RunPlan:
 
     @classmethod
     def of(cls, training: TrainingConfig, steps: int, validation_examples: int) -> RunPlan:
-        """The plan of a run of `steps` under `training`'s evaluation and checkpoint intervals (the same
-        rules as `Evaluator.due` and `Checkpointer.due`: every `every` steps before the last)."""
-        evaluated = validation_examples > 0
-        during = (steps - 1) // training.eval_every if evaluated else 0
-        baseline = int(training.eval_at_start and evaluated)
-        final = int(evaluated)
-        periodic_saves = (steps - 1) // training.checkpoint_every
+        """The plan of a run of `steps` under `training`'s evaluation and checkpoint intervals."""
+        evaluations = training.evaluations(steps) if validation_examples > 0 else 0
+        past_start = evaluations - int(training.eval_at_start and evaluations > 0)  # each may save best
         both = math.lcm(training.eval_every, training.checkpoint_every)
         return cls(
             steps=steps,
-            evaluations=baseline + during + final,
+            evaluations=evaluations,
             validation_examples=validation_examples,
-            checkpoint_saves=periodic_saves + during + final + 1,  # the final save, always
-            back_to_back_saves=(steps - 1) // both if evaluated else 0,
+            checkpoint_saves=training.periodic_checkpoints(steps) + past_start + 1,  # and final, always
+            back_to_back_saves=(steps - 1) // both if evaluations else 0,
         )
 
 

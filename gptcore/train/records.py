@@ -190,7 +190,9 @@ class SummaryRecord(Record):
     best_val_loss: float | None = metric()
     unigram_val_loss: float | None = context(headline=True)
     elapsed_seconds: float = metric(headline=True)
-    estimated_total_seconds: float | None = metric(headline=True)
+    # The planned steps at the steady rate: this run's steps alone (no start-up, evaluations or
+    # checkpoints); the smoke stage's estimate of the full run is `estimated_full_seconds`.
+    steady_steps_seconds: float | None = metric(headline=True)
     compile_seconds: float | None = metric(optional=True)  # compiling at start-up, outside every rate
     recompilations: int | None = metric(optional=True)  # graphs compiled again during training
     checkpoint_save_seconds: float = metric()  # writing the files (in the background unless turned off)

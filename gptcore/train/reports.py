@@ -81,7 +81,7 @@ def summary_record(trainer: Trainer, started: float, start_step: int) -> Summary
         best_val_loss=trainer.state.best_val_loss,
         unigram_val_loss=trainer.evaluator.unigram,
         elapsed_seconds=time.perf_counter() - started,
-        estimated_total_seconds=(trainer.planned_steps or 0) / steps_per_second if steps_per_second else None,
+        steady_steps_seconds=(trainer.planned_steps or 0) / steps_per_second if steps_per_second else None,
         compile_seconds=trainer.compile_seconds,
         recompilations=compiled_graphs() - trainer.graphs_at_start if trainer.runtime.compile else None,
         **trainer.checkpointer.figures(),

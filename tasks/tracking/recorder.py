@@ -21,7 +21,7 @@ from gptcore.train.records import finite_metrics, profile_params
 from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
 from tasks.tracking.datasets import token_file_inputs
 from tasks.tracking.delivery.writer import RunWriter
-from tasks.tracking.session import TrackingSession
+from tasks.tracking.session import TrackingSession, run_label
 from tasks.tracking.store import TrackingError, environment_tags, git_commit, redact
 
 TRAINING_STAGES = ("smoke", "full")
@@ -43,6 +43,7 @@ class PipelineRecorder:
     parent_run_id: str
     writer: RunWriter
     params: Any = None
+    name: str = ""  # the parent run's: its stages' runs are named `<stage>-<name>`
     stage_runs: dict[str, str | None] = field(default_factory=dict)
     callbacks: dict[str, MLflowCallback] = field(default_factory=dict)
     data_params: dict[str, Any] = field(default_factory=dict)
@@ -64,7 +65,7 @@ class PipelineRecorder:
         session = TrackingSession.open(params.tracking, root=root)
         params_path = Path(params_path)
         commit = git_commit()
-        name = f"iteration-{params.iteration}-{params_path.stem}"
+        name = run_label(params, params_path)
         if trial:
             name = f"{trial['name']}-{name}"
         tags = {
@@ -87,7 +88,7 @@ class PipelineRecorder:
                 f"tracking store {redact(session.target.uri)} did not open the flow's run "
                 f"({writer.report.last_error}); nothing was started"
             )
-        recorder = cls(session, parent, writer, params)
+        recorder = cls(session, parent, writer, params, name)
         writer.log_artifact(parent, params_path, "params")
         writer.log_params(parent, profile_params(params))
         if trial:
@@ -109,7 +110,8 @@ class PipelineRecorder:
         the store is away (`RunWriter.create_run`), or None when the store refused it."""
         if stage not in self.stage_runs:
             tags = {"mlflow.parentRunId": self.parent_run_id, "stage": stage, "kind": "stage"}
-            self.stage_runs[stage] = self.writer.create_run(self.session.experiment_id, stage, tags)
+            name = f"{stage}-{self.name}" if self.name else stage
+            self.stage_runs[stage] = self.writer.create_run(self.session.experiment_id, name, tags)
         return self.stage_runs[stage]
 
     def _created_run(self, stage: str) -> str | None:

@@ -58,6 +58,19 @@ class TrackingSession:
         return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
 
 
+def run_label(params: Any, params_path: str | Path | None) -> str:
+    """What a run's name says of it, for comparing runs in the UI: the iteration, the parameter file
+    when it is not the iteration's own, and a short fingerprint of the parameters it ran with (its
+    `--set` overrides included), so two runs of different settings never share a name."""
+    from gptcore.tools.fingerprint import fingerprint
+
+    label = f"iteration-{params.iteration}"
+    stem = Path(params_path).stem if params_path else None
+    if stem and stem != f"iteration_{params.iteration}":
+        label = f"{label}-{stem}"
+    return f"{label}-{fingerprint(params.model_dump(mode='json'), length=8)}"
+
+
 def training_metadata(callbacks: list[Any]) -> dict[str, Any]:
     """The dict to pass as `TrainJob.metadata` so checkpoints carry the MLflow run id: the first
     MLflowCallback's live metadata (filled when its run opens, before any checkpoint), else a new dict."""

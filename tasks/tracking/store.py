@@ -168,16 +168,28 @@ def refusal(error: Exception, target: TrackingTarget) -> str | None:
     return None
 
 
+# What MLflow's UI reads to open an experiment as model training (its runs, charts and models) rather
+# than as a GenAI application (traces, "agent versions", an assistant panel): the experiment's kind.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def ensure_experiment(client: Any, name: str, target: TrackingTarget) -> str:
-    """The id of the experiment `name`, created (artifacts under the target's root) when missing."""
+    """The id of the experiment `name`, created (artifacts under the target's root) when missing, of the
+    kind model training (an existing one is given the kind unless it was set on purpose)."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
             client.restore_experiment(experiment.experiment_id)
+        kind = experiment.tags.get(EXPERIMENT_KIND_TAG, "")
+        if kind in ("", "no_inferred_type") or kind.endswith("_inferred"):  # MLflow's guess, or none
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return experiment.experiment_id
     location = f"{target.artifact_location}/{name}" if target.artifact_location else None
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(
+            name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        )
     except Exception as error:
         refused = refusal(error, target)
         if refused is not None:

@@ -176,7 +176,33 @@ PARAM_FILE_CASES = [
     ),
 ]
 
+SMOKE_LOGS_ONE = (
+    "smoke: max_steps 4 at log_every 5 logs 1 train loss; the smoke gate needs 2: set log_every to at most "
+    "2 or max_steps to at least 10"
+)
+
 FLAG_CASES = [
+    Case("smoke-logs-one-loss-run", ["run", "--set", "smoke.max_steps=4"], f"(with --set): {SMOKE_LOGS_ONE}"),
+    Case(
+        "smoke-logs-one-loss-sweep",
+        ["sweep", "--set", "smoke.max_steps=4", "--grid", "full.optimizer.learning_rate=1e-3,2e-3"],
+        f"(with --set): {SMOKE_LOGS_ONE}",
+    ),
+    Case(
+        "smoke-logs-one-loss-in-a-trial",
+        ["sweep", "--grid", "smoke.max_steps=10,4"],
+        "smoke: max_steps 4 at log_every 5 logs 1 train loss",
+    ),
+    Case(
+        "smoke-logs-one-loss-train",
+        ["train", "--stage", "smoke", "--max-steps", "4", "--dry-run"],
+        f"(with --set): {SMOKE_LOGS_ONE}",
+    ),
+    Case(
+        "smoke-without-a-baseline",
+        ["run", "--set", "smoke.eval_at_start=false"],
+        "smoke: eval_at_start false: the smoke gate judges validation from the untrained model's loss on",
+    ),
     Case(
         "set-wrong-type",
         ["run", "--set", "full.max_steps=abc"],

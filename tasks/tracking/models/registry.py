@@ -19,7 +19,12 @@ from typing import Any
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
-DESCRIPTION = "gptpipe models; @champion has the best test bits per byte, @<method> the newest quantized"
+# Markdown in MLflow's UI: names in backticks, or `<method>` would be read as an HTML tag and vanish.
+DESCRIPTION = (
+    "gptpipe models: `@champion` has the best test bits per byte, `@challenger` is the newest that did "
+    "not beat it, and `@<method>` (`@bf16`, `@int8-weight-only`, ...) the newest model quantized with that "
+    "method."
+)
 
 
 @dataclass(frozen=True)
@@ -98,24 +103,37 @@ def register_quantized(
 
     method = files.method
     identity = {"source_checkpoint_sha256": digest, "quantization": method}
-    bits = metrics["test_bits_per_byte"]
+    # Measured on the whole test split (it may hold `champion`), or on its first tokens: tagged as such.
+    figure = "test_bits_per_byte" if "test_bits_per_byte" in metrics else "prefix_test_bits_per_byte"
+    bits = metrics[figure]
     version = _version_of(client, name, identity)
     if version is None:
         tags = {**identity, "stage": "quantize"}
         model_id = log_files_model(client, experiment_id, run_id, files, f"gpt-{method}", tags, metrics)
-        version = _new_version(client, name, client.get_logged_model(model_id), identity, bits)
-    alias, best = _decide(client, name, version, bits, may_win=may_hold_champion, otherwise=method)
+        version = _new_version(client, name, client.get_logged_model(model_id), identity, bits, figure)
+    alias, best = _decide(client, name, version, bits, may_hold_champion, method, figure)
     if alias == CHAMPION:
         client.set_registered_model_alias(name, method, version.version)
     return Registration(name, str(version.version), version.tags.get("model_id", ""), alias, bits, best)
 
 
-def _new_version(client: Any, name: str, model: Any, identity: dict[str, str], bits: float) -> Any:
+def _new_version(
+    client: Any,
+    name: str,
+    model: Any,
+    identity: dict[str, str],
+    bits: float,
+    figure: str = "test_bits_per_byte",
+) -> Any:
     """A new version of `name` (created when missing) for the logged `model`, named on the model too."""
     from mlflow.exceptions import MlflowException
 
     try:
-        client.get_registered_model(name)
+        registered = client.get_registered_model(name)
+        if registered.description != DESCRIPTION and (registered.description or "").startswith(
+            "gptpipe models"
+        ):
+            client.update_registered_model(name, description=DESCRIPTION)  # an older gptpipe's wording
     except MlflowException:
         try:
             client.create_registered_model(name, description=DESCRIPTION)
@@ -127,14 +145,20 @@ def _new_version(client: Any, name: str, model: Any, identity: dict[str, str], b
         source=model.artifact_location,
         run_id=model.source_run_id,
         model_id=model.model_id,
-        tags={**identity, "model_id": model.model_id, "test_bits_per_byte": str(bits)},
+        tags={**identity, "model_id": model.model_id, figure: str(bits)},
     )
     _link_version(client, model, name, str(version.version))
     return version
 
 
 def _decide(
-    client: Any, name: str, version: Any, bits: float, may_win: bool, otherwise: str
+    client: Any,
+    name: str,
+    version: Any,
+    bits: float,
+    may_win: bool,
+    otherwise: str,
+    figure: str = "test_bits_per_byte",
 ) -> tuple[str, float | None]:
     """Move `champion` to `version` when it may win and its bits per byte beat the champion's (or there
     is none), else give it the alias `otherwise`; the decision and both figures become its tags."""
@@ -146,7 +170,7 @@ def _decide(
     client.set_registered_model_alias(name, alias, version.version)
     decision = {
         "decision": alias,
-        "test_bits_per_byte": str(bits),
+        figure: str(bits),
         "champion_test_bits_per_byte": str(best) if best is not None else "none",
     }
     for key, value in decision.items():
