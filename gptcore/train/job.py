@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptcore.config import DeviceDefaults, ModelConfig, PipelineParams, RuntimeConfig, TrainingConfig
+from gptcore.config import (
+    DeviceDefaults,
+    LoRAConfig,
+    ModelConfig,
+    PipelineParams,
+    RuntimeConfig,
+    TrainingConfig,
+)
 from gptcore.data.tokenfile import TokenStream
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.runtime.device import DefaultsSource
@@ -44,6 +51,10 @@ class TrainJob:
     follows: TrainingConfig | None = None
     follows_world_size: int | None = None  # the ranks the run it follows trains on; None: this run's
     batch: BatchChoice | None = None  # a batch decided before (the smoke stage's `auto`); None: decide
+    # Fine-tuning: the trained model's weights the run starts from (model files: gptcore.finetune.start),
+    # and the low-rank adapters it trains on them instead of every weight.
+    init_weights: Path | None = None
+    lora: LoRAConfig | None = None
 
     @classmethod
     def from_params(cls, params: PipelineParams, stage: str = "full", **fields: Any) -> TrainJob:

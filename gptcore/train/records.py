@@ -97,6 +97,7 @@ class StartupRecord(Record):
     # The plan.
     sequence_length: int = param()
     parameter_count: int = param()
+    trainable_parameter_count: int = param()  # what the optimizer trains: all but a fine-tune's frozen base
     matmul_parameter_count: int = context()
     max_steps: int | None = param()
     epochs: float | None = param()

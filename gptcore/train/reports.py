@@ -34,6 +34,7 @@ def startup_record(trainer: Trainer) -> StartupRecord:
         batch_probe=trainer.batch.figures,
         sequence_length=job.model.block_size,
         parameter_count=trainer.model.parameter_count(),
+        trainable_parameter_count=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         matmul_parameter_count=trainer.model.matmul_parameter_count(),
         max_steps=trainer.training.max_steps,
         epochs=trainer.training.epochs,

@@ -19,6 +19,7 @@ from gptcore.data.batches import ExampleSet, StepPlan, open_examples
 from gptcore.data.tokenfile import MANIFEST_SUFFIX, TokenStream, read_manifest
 from gptcore.distributed.group import agree_on_min, all_reduce_sum
 from gptcore.errors import ConfigError, DataError
+from gptcore.finetune.start import start_identity
 from gptcore.model.gpt import GPT, optimizer_groups
 from gptcore.runtime.batch_size import (
     BatchChoice,
@@ -136,6 +137,7 @@ def trajectory_settings(
     if t.max_tokens is not None:  # only when set: runs from before the setting keep resuming
         config["training.max_tokens"] = t.max_tokens
     _flatten("data", job.extra_fingerprint, config)
+    config.update(start_identity(job.init_weights, job.lora))  # fine-tuning only: others keep resuming
     return json.loads(json.dumps(config, default=str))  # as the JSON sidecar will hold it
 
 

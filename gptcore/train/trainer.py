@@ -25,6 +25,7 @@ from gptcore.checkpoint.manager import TrainingParts
 from gptcore.data.batches import BatchLoader, StepPlan
 from gptcore.distributed.group import all_reduce_mean, grad_scaler
 from gptcore.errors import GptpipeError, TrainingError, first_line
+from gptcore.finetune.start import start_from
 from gptcore.model.gpt import GPT
 from gptcore.runtime.batch_size import OutOfMemory, memory_budget
 from gptcore.runtime.device import Runtime, apply_runtime, resolve_runtime
@@ -82,7 +83,9 @@ class Trainer:
         runtime = apply_runtime(resolve_runtime(job.runtime, job.defaults()))
         seed_everything(t.seed)
         self.memory = TrainingMemory.before_model(runtime.device)
-        self.model = GPT(job.model).to(runtime.device)
+        self.model = GPT(job.model)
+        start_from(self.model, job.model, job.init_weights, job.lora)  # fine-tuning: weights, adapters
+        self.model.to(runtime.device)
         self.model.activation_checkpointing = runtime.activation_checkpointing
         snapshot = t.async_checkpoints and job.writes_checkpoints  # a background write copies the state
         self.step_memory = StepMemory.for_run(self.model, runtime, checkpoint_snapshot=snapshot)

@@ -1,0 +1,132 @@
+"""LoRA (Hu et al., 2021): a trained model adapted to new text through low-rank updates of its own
+linear layers, the rest of it frozen.
+
+An adapted layer computes `base(x) + dropout(x) · Aᵀ · Bᵀ · alpha/r`: the base weight W (out x in) stays
+as it was and is never copied, A (r x in) starts random and B (out x r) at zero, so the adapted model
+starts exactly where the base model is and trains r·(in + out) numbers a layer instead of in·out.
+`merge_lora` folds each update into its weight (W + B·A·alpha/r), leaving a plain model of the base's
+shape; `adapter_state_dict` keeps the adapters alone, a small file beside the merged model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptcore.config import LoRAConfig
+from gptcore.errors import ConfigError
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear layer and its trainable low-rank update."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)  # the base weights: frozen, shared, never copied
+        self.r, self.scale = r, alpha / r
+        self.lora_a = nn.Parameter(base.weight.new_empty(r, base.in_features))
+        self.lora_b = nn.Parameter(base.weight.new_zeros(base.out_features, r))  # zero: starts at the base
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))  # as nn.Linear initialises its weight
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = F.linear(F.linear(self.dropout(x), self.lora_a), self.lora_b)  # two thin matmuls, no B·A
+        return self.base(x) + update * self.scale
+
+    def delta(self) -> torch.Tensor:
+        """The update as a weight: B·A·alpha/r (out x in)."""
+        return (self.lora_b @ self.lora_a) * self.scale
+
+    def merged(self) -> nn.Linear:
+        """A plain linear layer computing what this one does (without dropout): W + B·A·alpha/r."""
+        base = self.base
+        layer = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
+        layer = layer.to(device=base.weight.device, dtype=base.weight.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(base.weight + self.delta().to(base.weight.dtype))
+            if base.bias is not None:
+                layer.bias.copy_(base.bias)
+        return layer
+
+
+def apply_lora(model: nn.Module, settings: LoRAConfig) -> list[str]:
+    """Freeze `model` and put an adapter on each targeted layer of every block (`settings.targets`, in
+    the model's own terms: `attn.c_attn`, `mlp.c_fc`, ...); the names of the adapted layers. A target
+    no block has, or a rank above a layer's smaller side, is a ConfigError naming the key."""
+    model.requires_grad_(False)
+    adapted = []
+    for name, layer in _targeted(model, settings.targets):
+        smaller = min(layer.in_features, layer.out_features)
+        if settings.r > smaller:
+            raise ConfigError(
+                f"finetune.lora.r: value {settings.r} is not allowed: at most {smaller}, the smaller side "
+                f"of {name} ({layer.out_features} x {layer.in_features})"
+            )
+        parent, attribute = _parent(model, name)
+        setattr(parent, attribute, LoRALinear(layer, settings.r, settings.alpha, settings.dropout))
+        adapted.append(name)
+    return adapted
+
+
+def _targeted(model: nn.Module, targets: list[str]) -> list[tuple[str, nn.Linear]]:
+    """The plain linear layers whose names end with a target (`transformer.h.3.attn.c_attn`)."""
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and any(name.endswith(f".{target}") for target in targets)
+    ]
+    missing = [t for t in targets if not any(name.endswith(f".{t}") for name, _ in found)]
+    if missing:
+        raise ConfigError(
+            f"finetune.lora.targets: {', '.join(missing)} names no layer of this model: expected some of "
+            "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj"
+        )
+    return found
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, attribute = name.rpartition(".")
+    return model.get_submodule(path), attribute
+
+
+def lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, LoRALinear)]
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its layer, in place: the model has the base's shape and parameters again,
+    with the updated weights, and trains or saves like any other."""
+    for name, layer in lora_layers(model):
+        parent, attribute = _parent(model, name)
+        setattr(parent, attribute, layer.merged())
+    return model
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' weights alone (`<layer>.lora_a`, `<layer>.lora_b`), copied to the CPU."""
+    return {
+        name: parameter.detach().cpu().clone()
+        for name, parameter in model.named_parameters()
+        if name.endswith((".lora_a", ".lora_b"))
+    }
+
+
+def load_adapter(model: nn.Module, adapter: dict[str, torch.Tensor]) -> None:
+    """Put saved adapter weights into a model `apply_lora` adapted with the same settings."""
+    expected = {name for name, _ in model.named_parameters() if name.endswith((".lora_a", ".lora_b"))}
+    if set(adapter) != expected:
+        raise ConfigError(
+            f"the adapter holds {len(adapter)} weights, this model's adapters {len(expected)}: "
+            "adapt it with the settings the adapter was trained with (finetune.lora)"
+        )
+    model.load_state_dict(adapter, strict=False)
+
+
+def trainable_parameters(model: nn.Module) -> tuple[int, float]:
+    """(the parameters an optimizer trains, their share of all of them)."""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trained, trained / total if total else 0.0

@@ -1,0 +1,67 @@
+"""Where a fine-tuning run starts: a trained model's weights (model files, as `gptcore.export.model_files`
+writes them), and adapters on them when it trains with LoRA. The trainer calls `start_from` on the model
+it built from the job's config, before moving it to the device and making its optimizer, so the
+optimizer sees only what trains and a checkpoint holds the adapted model whole (exact resume)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from gptcore.config import LoRAConfig, ModelConfig
+from gptcore.errors import ConfigError
+from gptcore.finetune.lora import apply_lora
+from gptcore.tools.fingerprint import sha256_file
+
+
+def start_from(model: nn.Module, config: ModelConfig, weights: Path | None, lora: LoRAConfig | None) -> None:
+    """Load `weights` (a model-files folder or its `model.safetensors`) into `model`, which must have
+    their shape; then adapt it with `lora` when given (everything but the adapters frozen)."""
+    if weights is not None:
+        load_weights(model, config, Path(weights))
+    if lora is not None:
+        apply_lora(model, lora)
+
+
+def weights_file(weights: Path) -> Path:
+    """The safetensors file of a model-files folder (or the file itself)."""
+    from gptcore.export.model_files import model_files_in
+
+    path = model_files_in(weights).weights if weights.is_dir() else weights
+    if path.suffix != ".safetensors" or not path.is_file():
+        raise ConfigError(
+            f"{weights}: no fp32 model weights (model.safetensors) to start from: fine-tune a trained, "
+            "unquantized model"
+        )
+    return path
+
+
+def load_weights(model: nn.Module, config: ModelConfig, weights: Path) -> None:
+    from safetensors.torch import load_model
+
+    path = weights_file(weights)
+    saved = path.with_name("model_config.json")
+    if saved.is_file():
+        theirs = ModelConfig.model_validate(json.loads(saved.read_text(encoding="utf-8")))
+        shape = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
+        differs = [f"{key} {getattr(theirs, key)} (this run: {getattr(config, key)})" for key in shape
+                   if getattr(theirs, key) != getattr(config, key)]  # fmt: skip
+        if differs:
+            raise ConfigError(
+                f"model: the weights in {path.parent} are of another shape: {', '.join(differs)}; "
+                "fine-tune with the base model's architecture"
+            )
+    load_model(model, str(path))
+
+
+def start_identity(weights: Path | None, lora: LoRAConfig | None) -> dict[str, Any]:
+    """What a resume must match of where the run started: the weights' hash and the adapters' settings."""
+    identity: dict[str, Any] = {}
+    if weights is not None:
+        identity["init.weights_sha256"] = sha256_file(weights_file(Path(weights)))
+    if lora is not None:
+        identity.update({f"lora.{key}": value for key, value in lora.model_dump().items()})
+    return identity

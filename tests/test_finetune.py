@@ -1,0 +1,95 @@
+"""Fine-tuning through the trainer: a run starts from a trained model's files, trains LoRA adapters on
+it (the base frozen), resumes exactly like any run, and refuses weights of another shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptcore.config import LoRAConfig, ModelConfig
+from gptcore.errors import CheckpointError, ConfigError
+from gptcore.export.model_files import write_model_files
+from gptcore.finetune.lora import lora_layers, merge_lora
+from gptcore.model.gpt import GPT
+from gptcore.train.trainer import train
+from tests.test_trainer import TINY, Recorder, job
+
+LORA = LoRAConfig(r=4, alpha=8.0, dropout=0.0, targets=["attn.c_attn", "mlp.c_fc"])
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 'trained' base model's files: a short run's weights, written as the pipeline writes them."""
+    recorder = Recorder()
+    folder = tmp_path_factory.mktemp("base")
+    train(job(folder / "run", training={"max_steps": 6}), recorder)
+    model = GPT(TINY)
+    state = torch.load(folder / "run" / "final.pt", weights_only=False)["model"]
+    model.load_state_dict(state)
+    write_model_files(model, None, folder / "model")
+    return folder / "model"
+
+
+def finetune(directory: Path | None, base: Path, **changes) -> object:
+    training = {"max_steps": 8, "checkpoint_every": 4, "eval_every": 4, "eval_at_start": True}
+    return job(directory, init_weights=base, training=training, **{"lora": LORA, **changes})
+
+
+def test_a_lora_fine_tune_starts_at_the_base_and_trains_only_the_adapters(tmp_path: Path, base: Path) -> None:
+    plain, tuned = Recorder(), Recorder()
+    train(job(None, init_weights=base, training={"max_steps": 1, "eval_at_start": True}), plain)
+    train(finetune(tmp_path, base), tuned)
+    start = tuned.of("start")[0]
+    n = TINY.n_embd
+    assert start["trainable_parameter_count"] == TINY.n_layer * (4 * (n + 3 * n) + 4 * (n + 4 * n))
+    assert start["trainable_parameter_count"] < start["parameter_count"] // 10
+    baseline = tuned.of("eval")[0]["val_loss"]
+    assert baseline == pytest.approx(plain.of("eval")[0]["val_loss"], abs=1e-5), "it starts at the base"
+    assert tuned.of("eval")[-1]["val_loss"] < baseline, "and learns"
+    final = torch.load(tmp_path / "final.pt", weights_only=False)["model"]
+    base_key = "transformer.h.0.attn.c_attn.base.weight"
+    from safetensors.torch import load_file
+
+    assert torch.equal(
+        final[base_key], load_file(base / "model.safetensors")["transformer.h.0.attn.c_attn.weight"]
+    )
+
+
+def test_a_killed_fine_tune_resumes_bit_for_bit(tmp_path: Path, base: Path) -> None:
+    whole, broken, resumed = Recorder(), Recorder(stop_at=6), Recorder()
+    train(finetune(tmp_path / "whole", base), whole)
+    with pytest.raises(KeyboardInterrupt):
+        train(finetune(tmp_path / "broken", base), broken)
+    train(finetune(tmp_path / "broken", base, resume=True), resumed)
+    assert resumed.of("start")[0]["start_step"] == 4
+    assert resumed.losses() == whole.losses()[4:], "adapters, optimizer, RNG and data position restored"
+    other = finetune(tmp_path / "broken", base, resume=True, lora=LORA.model_copy(update={"r": 2}))
+    with pytest.raises(CheckpointError):
+        train(other, Recorder())
+
+
+def test_the_fine_tuned_model_merges_into_a_plain_model_of_the_base_shape(tmp_path: Path, base: Path) -> None:
+    from gptcore.finetune.start import start_from
+
+    train(finetune(tmp_path, base), Recorder())
+    model = GPT(TINY)
+    start_from(model, TINY, base, LORA)
+    model.load_state_dict(torch.load(tmp_path / "final.pt", weights_only=False)["model"])
+    x = torch.randint(0, TINY.vocab_size, (2, TINY.block_size))
+    with torch.no_grad():
+        adapted = model.eval()(x)[0]
+        merged = merge_lora(model)(x)[0]
+    assert lora_layers(model) == [] and torch.allclose(adapted, merged, atol=1e-5)
+
+
+def test_weights_of_another_shape_are_refused_before_training(tmp_path: Path) -> None:
+    wider = GPT(ModelConfig(**{**TINY.model_dump(), "n_embd": 64}))
+    write_model_files(wider, None, tmp_path / "wider")
+    with pytest.raises(
+        ConfigError, match=r"^model: the weights in .* are of another shape: n_embd 64 \(this run: 32\)"
+    ):
+        train(job(None, init_weights=tmp_path / "wider"), Recorder())
+    with pytest.raises(ConfigError, match=r"no fp32 model weights \(model.safetensors\) to start from"):
+        train(job(None, init_weights=tmp_path / "nothing-here"), Recorder())
