@@ -109,7 +109,11 @@ def main() -> None:
     checkpoint = newest("checkpoints/iteration-1-full-*/best.pt")
     trained, record = load_model(checkpoint)
     tokenizer = checkpoint_tokenizer(record)
-    test_path = newest("data/tokens/*/test.bin")
+    from gptcore.data.tokenfile import find_test_tokens
+
+    test_path = find_test_tokens(tokenizer, REPO / "data")  # the checkpoint's own test split, any layout
+    if test_path is None:
+        raise SystemExit(f"no test tokens made with {tokenizer} under {REPO / 'data'}: run `make run` first")
     print(json.dumps({"checkpoint": str(checkpoint), "test": str(test_path), **cpu_features()}), flush=True)
     wanted = args.profiles.split(",")
     if "first" in wanted:

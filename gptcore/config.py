@@ -337,7 +337,9 @@ class ExportConfig(Strict):
     hf: bool = Field(default=False, description="a Hugging Face GPT-2 folder (gptcore.export.hf)")
 
 
-QuantizationMethod = Literal["fp32", "bf16", "int8-weight-only", "int8-dynamic"]  # gptcore.model.quantization
+QuantizationMethod = Literal[
+    "fp32", "bf16", "int8-weight-only", "int8-dynamic", "int4-weight-only"
+]  # gptcore.model.quantization
 
 
 class QuantizeConfig(Strict):

@@ -280,7 +280,9 @@ def test_gptpipe_quantize_measures_a_registered_model_and_registers_its_quantize
     assert "already int8-weight-only; quantize the fp32 model it came from" in capsys.readouterr().err
     assert main([*quantize, "--model", "models:/gpt-cli@champion", "--methods", "int4"]) != 0
     error = capsys.readouterr().err.strip()
-    assert error.endswith("--methods 'int4': expected one of fp32, bf16, int8-weight-only, int8-dynamic")
+    assert error.endswith(
+        "--methods 'int4': expected one of fp32, bf16, int8-weight-only, int8-dynamic, int4-weight-only"
+    )
 
 
 def test_a_registered_model_another_run_made_meanwhile_is_used(trained) -> None:

@@ -156,8 +156,30 @@ def test_quality_on_the_first_tokens_is_named_for_them(text, tmp_path: Path) -> 
     assert f"the test split's first 64 of {len(stream) - 1:,} tokens (quantize.max_test_tokens)" in table
 
 
+def test_int4_packs_every_block_layer_in_groups_that_divide_it(tmp_path: Path) -> None:
+    from gptcore.model.quantization import int4_group_size
+
+    model = small_model()
+    assert int4_group_size(model) == 64, "n_embd 64: 128 does not divide it, 64 does"
+    int4 = quantized(model, "int4-weight-only")
+    weights = [
+        m.weight for name, m in int4.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"
+    ]
+    assert weights and all(type(w).__name__ == "Int4OpaqueTensor" for w in weights), "none left in fp32"
+    assert int4.lm_head.weight is int4.transformer.wte.weight and int4.lm_head.weight.dtype == torch.float32
+    block = sum(w.numel() for w in weights) * 4  # their fp32 bytes
+    quantized_block = weight_bytes(int4) - weight_bytes(model) + block
+    assert quantized_block < 0.2 * block, "4 bits a weight and a scale and zero point a group of 64"
+    odd = GPT(ModelConfig(**{**SMALL.model_dump(), "n_embd": 48, "n_head": 2}))
+    with pytest.raises(
+        NotImplementedError, match="no group size of 128, 64, 32 divides every layer's in-features"
+    ):
+        quantized(odd, "int4-weight-only")
+
+
 def test_an_unknown_method_fails_validation_with_the_allowed_list() -> None:
-    with pytest.raises(ValidationError, match="'fp32', 'bf16', 'int8-weight-only' or 'int8-dynamic'"):
+    allowed = "'fp32', 'bf16', 'int8-weight-only', 'int8-dynamic' or 'int4-weight-only'"
+    with pytest.raises(ValidationError, match=allowed):
         QuantizeConfig(methods=["int4"])
     with pytest.raises(ValidationError, match="may_hold_champion needs max_test_tokens unset"):
         QuantizeConfig(methods=["bf16"], may_hold_champion=True, max_test_tokens=100)

@@ -101,7 +101,7 @@ def export_command(
     print(json.dumps({"format": format_, "output": str(folder.resolve()), "source": str(sources[0])}))
 
 
-METHODS_HELP = "comma-separated: fp32, bf16, int8-weight-only, int8-dynamic"
+METHODS_HELP = "comma-separated: fp32, bf16, int8-weight-only, int8-dynamic, int4-weight-only"
 
 
 def quantize_command(

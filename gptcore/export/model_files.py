@@ -62,10 +62,10 @@ def write_model_files(model: GPT, tokenizer: Path | None, folder: Path, method: 
     import torch
     from safetensors.torch import save_model
 
-    from gptcore.model.quantization import INT8_METHODS
+    from gptcore.model.quantization import TORCHAO_METHODS
 
     folder.mkdir(parents=True, exist_ok=True)
-    if method in INT8_METHODS:
+    if method in TORCHAO_METHODS:
         weights = folder / INT8_WEIGHTS
         torch.save(model.state_dict(), weights)  # the tied head shares the embedding's storage: once
     else:

@@ -42,7 +42,7 @@ def save_pyfunc(files: Any, folder: Path) -> None:
     """The MLflow model of model files (`gptcore.export.model_files.ModelFiles`) saved into `folder`."""
     import mlflow.pyfunc
 
-    from gptcore.model.quantization import INT8_METHODS
+    from gptcore.model.quantization import TORCHAO_METHODS
 
     mlflow.pyfunc.save_model(
         str(folder),
@@ -51,7 +51,7 @@ def save_pyfunc(files: Any, folder: Path) -> None:
         code_paths=[str(Path(gptcore.__file__).parent)],
         signature=_signature(),
         input_example=(EXAMPLE_PROMPTS, DEFAULT_COMPLETION),
-        pip_requirements=_requirements(quantized=files.method in INT8_METHODS),
+        pip_requirements=_requirements(quantized=files.method in TORCHAO_METHODS),
     )
 
 
