@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gptcore.checkpoint.files import load_checkpoint
 from gptcore.config import LoRAConfig, ModelConfig
 from gptcore.errors import CheckpointError, ConfigError
 from gptcore.export.model_files import write_model_files
@@ -26,7 +27,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("base")
     train(job(folder / "run", training={"max_steps": 6}), recorder)
     model = GPT(TINY)
-    state = torch.load(folder / "run" / "final.pt", weights_only=False)["model"]
+    state = load_checkpoint(folder / "run" / "final.pt")["model"]
     model.load_state_dict(state)
     write_model_files(model, None, folder / "model")
     return folder / "model"
@@ -48,7 +49,7 @@ def test_a_lora_fine_tune_starts_at_the_base_and_trains_only_the_adapters(tmp_pa
     baseline = tuned.of("eval")[0]["val_loss"]
     assert baseline == pytest.approx(plain.of("eval")[0]["val_loss"], abs=1e-5), "it starts at the base"
     assert tuned.of("eval")[-1]["val_loss"] < baseline, "and learns"
-    final = torch.load(tmp_path / "final.pt", weights_only=False)["model"]
+    final = load_checkpoint(tmp_path / "final.pt")["model"]
     base_key = "transformer.h.0.attn.c_attn.base.weight"
     from safetensors.torch import load_file
 
@@ -76,7 +77,7 @@ def test_the_fine_tuned_model_merges_into_a_plain_model_of_the_base_shape(tmp_pa
     train(finetune(tmp_path, base), Recorder())
     model = GPT(TINY)
     start_from(model, TINY, base, LORA)
-    model.load_state_dict(torch.load(tmp_path / "final.pt", weights_only=False)["model"])
+    model.load_state_dict(load_checkpoint(tmp_path / "final.pt")["model"])
     x = torch.randint(0, TINY.vocab_size, (2, TINY.block_size))
     with torch.no_grad():
         adapted = model.eval()(x)[0]
