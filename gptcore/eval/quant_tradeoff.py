@@ -41,10 +41,10 @@ OK = "ok"
 
 
 # A row's quality figures: on the whole test split, or on its first tokens (`TradeoffRow.on_prefix`).
-QUALITY = frozenset(
-    {"test_loss", "test_loss_delta", "test_perplexity", "test_perplexity_change", "test_bits_per_byte"}
-    | {"test_bits_per_byte_delta"}
-)
+QUALITY = frozenset({
+    "test_loss", "test_loss_delta", "test_perplexity", "test_perplexity_change", "test_bits_per_byte",
+    "test_bits_per_byte_delta",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from gptcore.finetune.lora import trainable_parameters
 from gptcore.runtime.attention import attention_backend
 from gptcore.runtime.device import device_report
 from gptcore.runtime.flops import FLOP_FORMULA
@@ -34,7 +35,7 @@ def startup_record(trainer: Trainer) -> StartupRecord:
         batch_probe=trainer.batch.figures,
         sequence_length=job.model.block_size,
         parameter_count=trainer.model.parameter_count(),
-        trainable_parameter_count=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        trainable_parameter_count=trainable_parameters(trainer.model)[0],
         matmul_parameter_count=trainer.model.matmul_parameter_count(),
         max_steps=trainer.training.max_steps,
         epochs=trainer.training.epochs,
