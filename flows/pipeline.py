@@ -46,7 +46,7 @@ def end_to_end(
     report.links.update(tracking.links())
     try:
         tokenizer = report.stage("tokenizer", lambda: stages.tokenizer(params, tracking))
-        tokens = report.stage("tokens", lambda: stages.tokens(params, tokenizer, tracking))
+        tokens = report.stage("tokens", lambda: stages.tokens(params, tokenizer.result, tracking))
         device = report.stage("device", lambda: stages.device(params, tracking))
         smoke = report.stage("smoke", lambda: stages.smoke(params, tokens, device, tracking))
         full = report.stage("full", lambda: stages.full(params, tokens, device, smoke, tracking))
@@ -54,11 +54,5 @@ def end_to_end(
         report.stage("export", lambda: stages.export(params, tokens, full, evaluate, tracking))
         report.stage("quantize", lambda: stages.quantize(params, tokens, device, full, evaluate, tracking))
     finally:
-        report.finish()
-        for outcome in report.outcomes.values():
-            if outcome.state == "failed":
-                tracking.record_stage(outcome)  # its child run ends FAILED with the reason
-        tracking.finish(report)
-        report.publish_artifact(key=f"gptpipe-iteration-{params.iteration}-summary")
-        report.print_json()
+        report.close(tracking, key=f"gptpipe-iteration-{params.iteration}-summary")
     return report.to_dict()

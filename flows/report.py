@@ -21,9 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class PipelineReport:
-    def __init__(self, until: str, title: str) -> None:
+    def __init__(self, until: str, title: str, stages: tuple[str, ...] = STAGES) -> None:
         self.until = until
         self.title = title
+        self.stages = stages  # in order: the pipeline's, or a fine-tune's (FINETUNE_STAGES)
         self.outcomes: dict[str, StageOutcome] = {}
         self.stopped: str | None = None  # why the remaining stages are skipped
         self.links: dict[str, str] = {}
@@ -52,13 +53,13 @@ class PipelineReport:
 
     def finish(self) -> None:
         """Mark every stage that never ran (after a failure) as skipped."""
-        for name in STAGES:
+        for name in self.stages:
             if name not in self.outcomes:
                 self._skip(name, self.stopped or "not reached")
 
     def to_dict(self) -> dict[str, Any]:
         stages = []
-        for name in STAGES:
+        for name in self.stages:
             outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
             stage = {
                 "name": name,
@@ -82,7 +83,7 @@ class PipelineReport:
 
     def markdown(self) -> str:
         rows = []
-        for name in STAGES:
+        for name in self.stages:
             outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
             figures = ", ".join(f"{key}={cell(value)}" for key, value in outcome.figures.items())
             note = f" ({outcome.message})" if outcome.message else ""
@@ -91,6 +92,18 @@ class PipelineReport:
         if self.links:
             lines += ["", *(f"- {label}: {target}" for label, target in self.links.items())]
         return "\n".join(lines) + "\n"
+
+    def close(self, tracking: Any, key: str) -> None:
+        """The flow's end, however it ends: stages never reached marked skipped, failed ones recorded
+        (their child runs end FAILED with the reason), the parent run ended, the summary published as
+        the artifact `key` and printed as the last JSON line."""
+        self.finish()
+        for outcome in self.outcomes.values():
+            if outcome.state == "failed":
+                tracking.record_stage(outcome)
+        tracking.finish(self)
+        self.publish_artifact(key=key)
+        self.print_json()
 
     def publish_artifact(self, key: str) -> None:
         try:
@@ -105,6 +118,8 @@ class PipelineReport:
 HEADLINE = {
     "evaluate": ("test_bits_per_byte", "test_perplexity"),
     "full": ("final_val_loss", "tokens_per_second"),
+    "finetune": ("final_val_loss", "tokens_per_second"),
+    "before-after": ("base_test_bits_per_byte_after",),  # what a fine-tune forgot
 }
 
 

@@ -14,7 +14,6 @@ holds `@champion`.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,9 +21,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.trials import TrialResult, run_trial, sweep_table
+from flows.trials import TableRun, TrialResult, run_trial, sweep_table
 from gptcore.sweep import Trial
-from gptcore.train.records import table_columns
 
 TABLE_ARTIFACT = "sweep.json"
 
@@ -114,17 +112,7 @@ def _open_sweep_run(params: Any, trials: list[Trial], settings: Any) -> tuple[An
 
 def _close_sweep_run(session: Any, parent: str | None, results: list[TrialResult]) -> None:
     """The table printed, on the sweep's run (`log_table`, `sweep.md`) and as a Prefect table artifact."""
-    table = sweep_table(results)
-    print(f"\n{table}\n", file=sys.stderr, flush=True)
+    done = all(result.state == "completed" for result in results)
     rows = [result.row() for result in results]
-    if parent is not None:
-        session.client.log_table(parent, table_columns(rows), TABLE_ARTIFACT)
-        session.client.log_text(parent, f"# Sweep\n\n{table}\n", "sweep.md")
-        done = all(result.state == "completed" for result in results)
-        session.client.set_terminated(parent, "FINISHED" if done else "FAILED")
-    try:
-        from prefect.artifacts import create_table_artifact
-
-        create_table_artifact(rows, key="gptpipe-sweep", description="the sweep's trials and their figures")
-    except Exception as error:  # a convenience, never a reason to fail the sweep
-        print(f"warning: sweep table artifact not created: {error}", file=sys.stderr)
+    where = TableRun(session, parent, "Sweep", TABLE_ARTIFACT, "gptpipe-sweep")
+    where.publish(rows, sweep_table(results), done, "the sweep's trials and their figures")

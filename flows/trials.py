@@ -75,3 +75,32 @@ def sweep_table(results: list[TrialResult]) -> str:
         state = row["state"] + (f": {row['message']}" if row["message"] else "")
         rows.append([row["trial"], row["overrides"], *(row[key] for key in FIGURES), state, row["seconds"]])
     return table(header, rows)
+
+
+@dataclass(frozen=True)
+class TableRun:
+    """Where a table of runs side by side goes: the MLflow run that holds them (`log_table` as `file`,
+    and `<title>` as markdown), a Prefect table artifact `key`, and the terminal."""
+
+    session: Any
+    run_id: str | None
+    title: str
+    file: str
+    key: str
+
+    def publish(self, rows: list[dict[str, Any]], markdown: str, done: bool, description: str) -> None:
+        """Print and record the table; end the run, FINISHED when `done`."""
+        from gptcore.train.records import table_columns
+
+        print(f"\n{markdown}\n", file=sys.stderr, flush=True)
+        client = self.session.client
+        if self.run_id is not None:
+            client.log_table(self.run_id, table_columns(rows), self.file)
+            client.log_text(self.run_id, f"# {self.title}\n\n{markdown}\n", self.file.replace(".json", ".md"))
+            client.set_terminated(self.run_id, "FINISHED" if done else "FAILED")
+        try:
+            from prefect.artifacts import create_table_artifact
+
+            create_table_artifact(rows, key=self.key, description=description)
+        except Exception as error:  # a convenience, never a reason to fail the run
+            print(f"warning: {self.key} table artifact not created: {error}", file=sys.stderr)

@@ -26,6 +26,10 @@ ConcretePrecision = Literal["fp32", "bf16", "fp16"]
 PositiveInt = Annotated[int, Field(ge=1)]
 TrainingStage = Literal["smoke", "full"]
 STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export", "quantize")
+# A fine-tune's stages (flows.finetune): the base model in place of a tokenizer, its training `finetune`,
+# and the before/after measurement on the new corpus's test split and the base corpus's.
+FINETUNE_STAGES = ("base", "tokens", "device", "smoke", "finetune", "evaluate", "before-after")
+FinetuneMethod = Literal["lora", "full"]
 
 
 class Strict(BaseModel):
@@ -303,6 +307,43 @@ class LoRAConfig(Strict):
     )
 
 
+class FinetuneConfig(Strict):
+    """Adapting a trained model to new text (flows.finetune): the parameter file's corpus is the new
+    text, its `full` section the fine-tune's optimizer, schedule and budget, its `model` the base's
+    architecture (checked against the base's before anything trains)."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,40}$",
+        description="registered as gptpipe-iteration-N-<name>: lowercase letters, digits and dashes",
+    )
+    model: str = Field(
+        description="the base: models:/NAME@ALIAS, models:/NAME/VERSION or a model-files folder "
+        "(gptpipe finetune --model overrides it)"
+    )
+    method: FinetuneMethod = Field(default="lora", description="lora (adapters alone train) or full")
+    compare: bool = Field(
+        default=True, description="also train the other method on the same data and steps, side by side"
+    )
+    lora: LoRAConfig = LoRAConfig()
+    base_test_tokens: str | None = Field(
+        default=None,
+        description="the base corpus's test split (test.bin or its manifest), to measure what was "
+        "forgotten; unset: the newest one under paths.data_root made with the base's tokenizer",
+    )
+    weights: str | None = Field(
+        default=None, description="set by the base stage: the base's model files, resolved from `model`"
+    )
+
+    def methods(self) -> list[FinetuneMethod]:
+        """The methods a run trains: `method`, then the other one when `compare`."""
+        other: FinetuneMethod = "full" if self.method == "lora" else "lora"
+        return [self.method, other] if self.compare else [self.method]
+
+    def adapters(self) -> LoRAConfig | None:
+        """The adapters the training puts on the base (None: every weight trains)."""
+        return self.lora if self.method == "lora" else None
+
+
 class TrackingConfig(Strict):
     uri: str | None = Field(default=None, description="MLFLOW_TRACKING_URI wins; else the local store")
     artifact_root: str = "mlruns/artifacts"
@@ -404,13 +445,23 @@ class PipelineParams(Strict):
     sweep: SweepConfig = SweepConfig()
     tracking: TrackingConfig = TrackingConfig()
     paths: PathsConfig = PathsConfig()
+    finetune: FinetuneConfig | None = None  # a fine-tune's parameter file (gptpipe finetune)
 
     @model_validator(mode="after")
     def _tokenizer_fits_model(self) -> PipelineParams:
-        if self.tokenizer.vocab_size > self.model.architecture.vocab_size:
+        if self.finetune is None and self.tokenizer.vocab_size > self.model.architecture.vocab_size:
             raise ValueError(
                 f"tokenizer.vocab_size {self.tokenizer.vocab_size} exceeds the model's vocabulary "
                 f"{self.model.architecture.vocab_size}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _finetune_keeps_the_base_tokenizer(self) -> PipelineParams:
+        if self.finetune is not None and "tokenizer" in self.model_fields_set:
+            raise ValueError(
+                "tokenizer: a fine-tune encodes its corpus with the base model's tokenizer, never a new "
+                "vocabulary: remove the tokenizer section"
             )
         return self
 
@@ -451,8 +502,10 @@ ParamsLoader.add_implicit_resolver(
 def _describe_error(source: str, error: ValidationError) -> str:
     """The first validation error as one line: file, key path, value, what is allowed."""
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    key = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
+    if not key:  # a check across sections: its message names the keys
+        return f"{source}: {message}"
     if first["type"] == "extra_forbidden":
         return f"{source}: {key}: unknown key"
     if first["type"] == "missing":
@@ -524,13 +577,18 @@ def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read, override and validate a parameter file; the model profile resolves beside `params/profiles`."""
     path = Path(path)
     data = read_yaml(path)
+    profiles = path.resolve().parent / "profiles"
+    profiles = profiles if profiles.is_dir() else PROFILES_DIR
     for assignment in overrides:
+        if assignment.startswith("model.") and isinstance(data.get("model"), str):
+            data["model"] = load_profile(
+                data["model"], profiles
+            ).model_dump()  # `model.x=...` sets a key of it
         apply_override(data, assignment)
     source = f"{path}" + (" (with --set)" if overrides else "")
     profile_ref = data.get("model")
     if isinstance(profile_ref, str):
-        profiles = path.resolve().parent / "profiles"
-        data["model"] = load_profile(profile_ref, profiles if profiles.is_dir() else PROFILES_DIR)
+        data["model"] = load_profile(profile_ref, profiles)
     try:
         return PipelineParams.model_validate(data)
     except ValidationError as error:

@@ -2,6 +2,9 @@
 load through a loader that imports `gptcore.model_files` by name (`read_model_files`), so the name stays;
 new code imports `gptcore.export.model_files`."""
 
+from gptcore.checkpoint.load import (
+    checkpoint_model_files as checkpoint_model_files,
+)
 from gptcore.export.model_files import (
     CONFIG as CONFIG,
 )
@@ -19,9 +22,6 @@ from gptcore.export.model_files import (
 )
 from gptcore.export.model_files import (
     ModelFiles as ModelFiles,
-)
-from gptcore.export.model_files import (
-    checkpoint_model_files as checkpoint_model_files,
 )
 from gptcore.export.model_files import (
     model_files_in as model_files_in,

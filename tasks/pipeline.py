@@ -15,6 +15,7 @@ from typing import Any
 from gptcore.config import PipelineParams
 from tasks.caching import StageOutcome, run_cached
 from tasks.results import (
+    BeforeAfterResult,
     EvaluateResult,
     ExportResult,
     FullResult,
@@ -26,6 +27,7 @@ from tasks.results import (
 from tasks.stages import data as data_stages
 from tasks.stages import evaluate as evaluate_stage
 from tasks.stages import export as export_stage
+from tasks.stages import finetune as finetune_stage
 from tasks.stages import quantize as quantize_stage
 from tasks.stages import training as training_stages
 from tasks.stages.device import device_task
@@ -55,15 +57,16 @@ def tokenizer(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcom
     return outcome
 
 
-def tokens(params: PipelineParams, tokenizer: StageOutcome, tracking: PipelineRecorder) -> StageOutcome:
+def tokens(params: PipelineParams, tokenizer: TokenizerResult, tracking: PipelineRecorder) -> StageOutcome:
+    """The corpus as token files, encoded with `tokenizer` (the tokenizer stage's, a fine-tune's base's)."""
     outcome = run_cached(
         "tokens",
         data_stages.tokens_task,
         TokensResult,
-        fingerprint=data_stages.tokens_stage_fingerprint(tokenizer.result, params.data),
+        fingerprint=data_stages.tokens_stage_fingerprint(tokenizer, params.data),
         corpus=params.corpus,
         data=params.data,
-        tokenizer_result=tokenizer.result,
+        tokenizer_result=tokenizer,
         data_root=data_root(params),
     )
     tracking.record_stage(outcome)
@@ -103,16 +106,18 @@ def full(
     device: StageOutcome,
     smoke: StageOutcome,
     tracking: PipelineRecorder,
+    name: str = "full",
 ) -> StageOutcome:
+    """Full training (`name`: `finetune` for a fine-tune's, which starts from its base)."""
     refusal = training_stages.full_refusal(params, device.result)
     if refusal:
-        outcome = StageOutcome("full", "skipped", message=refusal)
+        outcome = StageOutcome(name, "skipped", message=refusal)
         training_stages.announce(refusal)
         tracking.record_stage(outcome)
         return outcome
     fingerprint = training_stages.full_fingerprint(params, tokens.result, device.result, smoke.result)
     outcome = run_cached(
-        "full",
+        name,
         training_stages.full_task,
         FullResult,
         fingerprint=fingerprint,
@@ -120,7 +125,7 @@ def full(
         tokens=tokens.result,
         device=device.result,
         smoke=smoke.result,
-        run_context=tracking.context("full"),
+        run_context=tracking.context(name),
     )
     tracking.record_stage(outcome)
     return outcome
@@ -142,11 +147,13 @@ class ReadCheckpoint:
 
     def run(
         self, name: str, stage_task: Any, result_type: type, fingerprint: str, params: PipelineParams,
-        tokens: StageOutcome,
+        tokens: StageOutcome, **more: Any,
     ) -> StageOutcome:  # fmt: skip
         """The stage through the cache, on this checkpoint (and device, when it has one)."""
         on_device = {} if self.device is None else {"device": self.device}
-        arguments = dict(params=params, tokens=tokens.result, checkpoint=str(self.checkpoint), **on_device)
+        arguments = dict(
+            params=params, tokens=tokens.result, checkpoint=str(self.checkpoint), **on_device, **more
+        )
         return run_cached(name, stage_task, result_type, fingerprint=fingerprint, **arguments)
 
 
@@ -156,14 +163,17 @@ def evaluate(
     device: StageOutcome,
     full: StageOutcome,
     tracking: PipelineRecorder,
+    lineage: dict[str, str] | None = None,
 ) -> StageOutcome:
+    """The held-out evaluation, and the model registered (a fine-tune's with its `lineage` as tags)."""
     checkpoint = evaluate_stage.evaluated_checkpoint(params, full.result)
     read = ReadCheckpoint.of(full, checkpoint, device)
     fingerprint = evaluate_stage.evaluate_fingerprint(params, tokens.result, read.digest, read.device)
     outcome = read.run("evaluate", evaluate_stage.evaluate_task, EvaluateResult, fingerprint, params, tokens)
     bits = outcome.figures.get("test_bits_per_byte")
     if bits is not None:
-        registration = tracking.register_evaluated(registered_name(params), checkpoint, read.digest, bits)
+        name = registered_name(params)
+        registration = tracking.register_evaluated(name, checkpoint, read.digest, bits, lineage)
         if registration is not None:
             figures = {**outcome.figures, **registration.figures()}
             outcome.result = outcome.result.model_copy(update={"figures": figures})
@@ -210,6 +220,42 @@ def quantize(
                 figures[f"{method}/model_version"] = registration.model_version
                 figures[f"{method}/alias"] = registration.alias
         outcome.result = outcome.result.model_copy(update={"figures": figures})
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def base(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
+    """A fine-tune's base model, resolved and checked (every time: an alias may have moved)."""
+    started = time.perf_counter()
+    result = finetune_stage.resolve_base(params)
+    outcome = StageOutcome("base", "completed", result, round(time.perf_counter() - started, 3))
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def with_base(params: PipelineParams, base: StageOutcome) -> PipelineParams:
+    """The parameters with `finetune.weights` set to the base's kept model files: what training loads."""
+    tune = params.finetune.model_copy(update={"weights": base.result.folder})
+    return params.model_copy(update={"finetune": tune})
+
+
+def before_after(
+    params: PipelineParams,
+    tokens: StageOutcome,
+    device: StageOutcome,
+    tuned: StageOutcome,
+    evaluate: StageOutcome,
+    base: StageOutcome,
+    tracking: PipelineRecorder,
+) -> StageOutcome:
+    read = ReadCheckpoint.of(tuned, Path(evaluate.result.checkpoint), device)
+    fingerprint = finetune_stage.before_after_fingerprint(
+        params, base.result, tokens.result, read.digest, read.device
+    )
+    outcome = read.run(
+        "before-after", finetune_stage.before_after_task, BeforeAfterResult, fingerprint, params, tokens,
+        base=base.result,
+    )  # fmt: skip
     tracking.record_stage(outcome)
     return outcome
 

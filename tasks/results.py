@@ -92,3 +92,27 @@ class QuantizeResult(StageResult):
     rows: list[dict[str, Any]]  # gptcore.eval.quant_tradeoff.TradeoffRow.to_dict(), fp32 first
     machine: dict[str, Any]  # gptcore.model.quantization.cpu_features()
     model_folders: dict[str, str]  # method -> the folder of its model files (measured methods)
+
+
+class BaseResult(StageResult):
+    uri: str  # finetune.model as given
+    lineage: dict[str, str]  # base_model_uri, base_registered_model, base_model_version, ...
+    folder: str  # the base's model files, kept under <data_root>/base-models
+    weights_sha256: str
+    tokenizer: dict[str, Any]  # the base's tokenizer over the new corpus (a TokenizerManifest.to_dict())
+    base_test_tokens: str | None = None  # the base corpus's test split (None: not found)
+
+    def tokenizer_result(self) -> TokenizerResult:
+        """The base's tokenizer as the tokens stage takes a trained one."""
+        path = self.tokenizer["path"]
+        return TokenizerResult(
+            fingerprint=self.tokenizer["fingerprint"],
+            tokenizer=self.tokenizer,
+            corpus={"fingerprint": self.tokenizer["corpus_fingerprint"]},
+            files={path: self.tokenizer["sha256"]},
+            outputs=[path],
+        )
+
+
+class BeforeAfterResult(StageResult):
+    pass  # its figures: new_test_* and base_test_* bits per byte and loss, _before and _after

@@ -58,6 +58,11 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def prefect_env(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment of a test's `gptpipe` and `prefect` commands: the session's Prefect server, and
     a home, result storage (so caches never cross tests) and MLflow store of the test's own."""
+    return commands_env(prefect_server, tmp_path_factory)
+
+
+def commands_env(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """`prefect_env`'s environment, for a fixture of a wider scope (a module's shared runs)."""
     home = tmp_path_factory.mktemp("prefect-home")
     env = {
         **os.environ,

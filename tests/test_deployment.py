@@ -41,7 +41,7 @@ def test_deployed_iteration_1_runs_to_completed_on_a_process_worker(
     env, api = prefect_env, prefect_env["PREFECT_API_URL"]
     prefect(env, "work-pool", "create", "gptpipe-process", "--type", "process")
     deployed = prefect(env, "--no-prompt", "deploy", "--all")
-    for name in ("iteration-1-nightly", "iteration-2", "iteration-3"):
+    for name in ("iteration-1-nightly", "iteration-2", "iteration-3", "finetune-docs"):
         assert name in deployed
 
     write_corpus(tmp_path, documents=12)

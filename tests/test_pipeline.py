@@ -132,7 +132,13 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     as_a_person_runs_it = {k: v for k, v in prefect_env.items() if k != "MLFLOW_LOGGING_LEVEL"}
     first = gptpipe(as_a_person_runs_it, "--params", params)
     assert states(first) == dict.fromkeys(STAGES, "completed")
-    for noise in ("INFO mlflow", "Validating input example", "system_metrics_monitor", "FutureWarning"):
+    for noise in (
+        "INFO mlflow",
+        "Validating input example",
+        "system_metrics_monitor",
+        "FutureWarning",
+        "| ERROR",
+    ):
         assert noise not in first.stderr, f"{noise!r} in what a person sees (--verbose shows it)"
     full = stages_of(first)["full"]
     assert full["figures"]["final_val_loss"] < full["figures"]["unigram_val_loss"] + 2.0

@@ -136,3 +136,4 @@ def test_a_sweep_builds_the_data_once_and_trains_one_trial_at_a_time_on_one_devi
     assert len(spans) == 6  # a smoke and a full training per trial
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
     assert f"waiting for {device_limit_names('cpu')[0]}" in done.stderr
+    assert "| ERROR" not in done.stderr, "a trial waits for the device quietly (no Prefect lease ERROR)"

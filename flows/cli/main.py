@@ -66,7 +66,7 @@ def _register_commands() -> None:
     if app.registered_commands:
         return
     from flows.cli.models import export_command, quantize_command, serve_command
-    from flows.cli.pipeline import run, sweep_command
+    from flows.cli.pipeline import finetune_command, run, sweep_command
     from flows.cli.servers import servers_command
     from flows.cli.tracking import compare_command, replay_command, ui_command
     from flows.cli.train import device_command, generate_command, train_command
@@ -74,6 +74,7 @@ def _register_commands() -> None:
     for name, command in (
         ("run", run),
         ("sweep", sweep_command),
+        ("finetune", finetune_command),
         ("device", device_command),
         ("train", train_command),
         ("generate", generate_command),

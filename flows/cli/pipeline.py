@@ -70,6 +70,36 @@ def sweep_command(
         raise typer.Exit(1)
 
 
+def finetune_command(
+    params: Path = typer.Option(
+        ..., "--params", help="a fine-tune's parameter file (params/finetune_*.yaml)"
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="the base: models:/NAME@ALIAS, models:/NAME/VERSION or a model folder"
+    ),
+    overrides: list[str] = typer.Option([], "--set", help="override a parameter: key.path=value"),
+    json_only: bool = typer.Option(False, "--json", help="no progress bar, also on a terminal"),
+) -> None:
+    """Fine-tune a trained model on new text: base → tokens (the base's tokenizer) → device → smoke →
+    finetune → evaluate (registered as gptpipe-iteration-N-<name>) → before-after; LoRA and full
+    fine-tuning side by side unless finetune.compare is false."""
+    json_lines_only(json_only)
+    overrides = [*overrides, *([f"finetune.model={model}"] if model else [])]
+    params_path, checked = resolve_params(params, None, overrides)
+    from flows.finetune import finetune_params
+    from tasks.stages.finetune import resolve_base
+
+    finetune_params(str(params_path), overrides)  # a fine-tune's file
+    resolve_base(checked)  # the base, its shape, tokenizer and the adapters: before anything runs
+    _start_prefect(checked)
+    from flows.finetune import finetune
+
+    summary = finetune(str(params_path), overrides)
+    print(json.dumps(summary, default=str), flush=True)
+    if summary.get("failed"):
+        raise typer.Exit(1)
+
+
 def _start_prefect(checked: object) -> None:
     """Prefect's project settings and a temporary server (unless one is configured), started while the
     imports every run needs load and the MLflow store is opened and checked."""

@@ -256,9 +256,10 @@ def check_tokenizer(
     return size
 
 
-def find_test_tokens(tokenizer: Path, data_root: Path) -> Path | None:
+def find_test_tokens(tokenizer: Path, data_root: Path, other_than_corpus: str | None = None) -> Path | None:
     """The newest `test.bin` under `data_root/tokens/` made with `tokenizer` (by content sha256), or None:
-    the held-out split a model trained with that tokenizer never saw."""
+    the held-out split a model trained with that tokenizer never saw; with `other_than_corpus`, not of
+    the corpus with that fingerprint (a fine-tune's new text, encoded with its base's tokenizer)."""
     from gptcore.tools.fingerprint import sha256_file
 
     digest = sha256_file(tokenizer)
@@ -268,6 +269,8 @@ def find_test_tokens(tokenizer: Path, data_root: Path) -> Path | None:
         *Path(data_root).glob("tokens/*/test.manifest.json"),
     ]:
         manifest = read_manifest(path)
-        if manifest is not None and manifest.split == "test" and manifest.tokenizer_sha256 == digest:
+        if manifest is None or manifest.split != "test" or manifest.tokenizer_sha256 != digest:
+            continue
+        if other_than_corpus is None or manifest.corpus_fingerprint != other_than_corpus:
             found.append(path)
     return max(found, key=lambda path: path.stat().st_mtime, default=None)

@@ -115,6 +115,17 @@ def stream_bits_per_byte(stream: TokenStream, nats: float, predicted: int) -> fl
     return bits_per_byte(nats / predicted, manifest.tokens_per_byte)
 
 
+def stream_figures(
+    model: GPT, stream: TokenStream, settings: EvaluateConfig
+) -> tuple[float, float | None, int]:
+    """(loss in nats per token, bits per byte, tokens predicted) of `model` on a token stream: its first
+    `settings.max_tokens` tokens, or all of them."""
+    nats, predicted = summed_nats(model, stream.tokens, settings.batch_size, settings.max_tokens)
+    if predicted == 0:
+        raise DataError(f"{stream.path}: too few tokens to evaluate ({len(stream)})")
+    return nats / predicted, stream_bits_per_byte(stream, nats, predicted), predicted
+
+
 def _window_nats(model: GPT, windows: torch.Tensor) -> float:
     _, loss = model(windows[:, :-1], windows[:, 1:], loss_only=True)  # the mean over every predicted token
     return float(loss.double()) * windows[:, 1:].numel()
@@ -151,10 +162,7 @@ def evaluate_held_out(
     check_tokenizer(tokenizer_path, vocab_size, (test,))
     if test.manifest is not None and test.manifest.split != "test":
         raise DataError(f"{test_tokens}: holds the {test.manifest.split} split, not the held-out test split")
-    nats, predicted = summed_nats(model, test.tokens, settings.batch_size, settings.max_tokens)
-    if predicted == 0:
-        raise DataError(f"{test_tokens}: too few test tokens to evaluate ({len(test)})")
-    loss = nats / predicted
+    loss, bits, predicted = stream_figures(model, test, settings)
     text_bytes = test.manifest.text_bytes if test.manifest else None
     block = model.config.block_size
     unigram = unigram_loss(
@@ -175,7 +183,7 @@ def evaluate_held_out(
         step=int(record.get("step", 0)),
         test_loss=loss,
         test_perplexity=math.exp(min(loss, 700.0)),
-        test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
+        test_bits_per_byte=bits,
         unigram_test_loss=unigram,
         unigram_test_bits_per_byte=bits_per_byte(unigram, tokens_per_byte),
         test_tokens=predicted,

@@ -71,28 +71,10 @@ def write_model_files(model: GPT, tokenizer: Path | None, folder: Path, method: 
     else:
         weights = folder / WEIGHTS
         save_model(model, str(weights))  # keeps the tied pair's `lm_head.weight`, as safetensors requires
-    return _with_config(weights, model.config, tokenizer, folder, method)
+    return with_config(weights, model.config, tokenizer, folder, method)
 
 
-def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, dict]:
-    """A checkpoint's model files and its record, written without building the model: no arithmetic on
-    tensors, so the thread that calls this (the tracking writer's) never starts an OpenMP team of its own,
-    which would slow every later torch call of the process's main thread (docs/benchmarks.md, Serving)."""
-    from safetensors.torch import save_file
-
-    from gptcore.checkpoint import files as ckpt
-
-    record = ckpt.checkpoint_metadata(checkpoint)
-    state = ckpt.load_checkpoint(checkpoint)["model"]
-    state.pop("transformer.wte.weight", None)  # tied to `lm_head.weight`: once, as `save_model` keeps it
-    folder.mkdir(parents=True, exist_ok=True)
-    weights = folder / WEIGHTS
-    save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(weights))
-    config = ModelConfig.model_validate(record["model_config"])
-    return _with_config(weights, config, checkpoint_tokenizer(record), folder, "fp32"), record
-
-
-def _with_config(
+def with_config(
     weights: Path, config: ModelConfig, tokenizer: Path | None, folder: Path, method: str
 ) -> ModelFiles:
     """The files beside the weights: the config, a copy of the tokenizer, the quantization's method."""

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptcore.config import LoRAConfig
+from gptcore.config import LoRAConfig, ModelConfig
 from gptcore.errors import ConfigError
 
 
@@ -108,10 +108,22 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' weights alone (`<layer>.lora_a`, `<layer>.lora_b`), copied to the CPU."""
     return {
-        name: parameter.detach().cpu().clone()
-        for name, parameter in model.named_parameters()
-        if name.endswith((".lora_a", ".lora_b"))
+        name: tensor.detach().cpu().clone() for name, tensor in adapter_weights(model.state_dict()).items()
     }
+
+
+def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters' entries of an adapted model's state (a checkpoint's `model`)."""
+    return {name: tensor for name, tensor in state.items() if name.endswith((".lora_a", ".lora_b"))}
+
+
+def check_adapters(config: ModelConfig, settings: LoRAConfig) -> None:
+    """Adapt a weightless copy of the model (`meta` tensors): a target naming no layer or a rank too
+    large is refused before anything trains, in the words `apply_lora` uses."""
+    from gptcore.model.gpt import GPT
+
+    with torch.device("meta"):
+        apply_lora(GPT(config), settings)
 
 
 def load_adapter(model: nn.Module, adapter: dict[str, torch.Tensor]) -> None:

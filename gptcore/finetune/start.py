@@ -42,6 +42,14 @@ def weights_file(weights: Path) -> Path:
 def load_weights(model: nn.Module, config: ModelConfig, weights: Path) -> None:
     from safetensors.torch import load_model
 
+    path = check_shape(config, weights)
+    load_model(model, str(path))
+
+
+def check_shape(config: ModelConfig, weights: Path, named: str | None = None) -> Path:
+    """The weights file of `weights`, when the architecture saved beside it is `config`'s (in every
+    respect that decides a weight's shape); a ConfigError naming `model` (and the weights as `named`,
+    else by their folder) otherwise."""
     path = weights_file(weights)
     saved = path.with_name("model_config.json")
     if saved.is_file():
@@ -50,11 +58,12 @@ def load_weights(model: nn.Module, config: ModelConfig, weights: Path) -> None:
         differs = [f"{key} {getattr(theirs, key)} (this run: {getattr(config, key)})" for key in shape
                    if getattr(theirs, key) != getattr(config, key)]  # fmt: skip
         if differs:
+            which = named or f"in {path.parent}"
             raise ConfigError(
-                f"model: the weights in {path.parent} are of another shape: {', '.join(differs)}; "
+                f"model: the weights {which} are of another shape: {', '.join(differs)}; "
                 "fine-tune with the base model's architecture"
             )
-    load_model(model, str(path))
+    return path
 
 
 def start_identity(weights: Path | None, lora: LoRAConfig | None) -> dict[str, Any]:
@@ -65,3 +74,11 @@ def start_identity(weights: Path | None, lora: LoRAConfig | None) -> dict[str, A
     if lora is not None:
         identity.update({f"lora.{key}": value for key, value in lora.model_dump().items()})
     return identity
+
+
+def lora_of(identity: dict[str, Any]) -> LoRAConfig | None:
+    """The adapters a run's identity (a checkpoint's `config`) says it trained; None: no adapters."""
+    settings = {
+        key.removeprefix("lora."): value for key, value in identity.items() if key.startswith("lora.")
+    }
+    return LoRAConfig.model_validate(settings) if settings else None

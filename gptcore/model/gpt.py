@@ -118,8 +118,16 @@ class GPT(nn.Module):
     def matmul_parameter_count(self) -> int:
         """Weights that take part in a matmul per token (the FLOP formula's N): the 2-D weights but
         the position table, which is a lookup. The tied embedding counts once, as the output head."""
+        return sum(p.numel() for p in self._matmul_weights())
+
+    def frozen_matmul_parameter_count(self) -> int:
+        """Of those, the ones that do not train (a LoRA fine-tune's base): their backward computes the
+        activations' gradients alone, not their own."""
+        return sum(p.numel() for p in self._matmul_weights() if not p.requires_grad)
+
+    def _matmul_weights(self) -> list[nn.Parameter]:
         wpe = self.transformer.wpe.weight
-        return sum(p.numel() for p in self.parameters() if p.dim() == 2 and p is not wpe)
+        return [p for p in self.parameters() if p.dim() == 2 and p is not wpe]
 
     def forward(
         self,

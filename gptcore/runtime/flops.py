@@ -21,7 +21,10 @@ from gptcore.config import ModelConfig
 from gptcore.runtime.device import Runtime
 from gptcore.runtime.memory import StepMemory
 
-FLOP_FORMULA = "6*N_matmul + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT)"
+FLOP_FORMULA = (
+    "6*N_matmul - 2*N_frozen + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT; "
+    "a frozen weight's own gradient is never computed)"
+)
 
 # Dense (no sparsity) tensor-core peaks in FLOP/s, from the vendors' datasheets (SXM parts).
 GPU_PEAKS: dict[str, dict[str, float]] = {
@@ -31,8 +34,11 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
 }
 
 
-def flops_per_token(config: ModelConfig, matmul_parameters: int) -> int:
-    return 6 * matmul_parameters + 12 * config.n_layer * config.n_embd * config.block_size
+def flops_per_token(config: ModelConfig, matmul_parameters: int, frozen_matmul_parameters: int = 0) -> int:
+    """Forward 2·N, backward 4·N (activations' and weights' gradients), less the 2·N_frozen of weights
+    that do not train (a LoRA fine-tune's base); attention's scores and values beside."""
+    attention = 12 * config.n_layer * config.n_embd * config.block_size
+    return 6 * matmul_parameters - 2 * frozen_matmul_parameters + attention
 
 
 def mfu(tokens_per_second: float, flops_token: int, peak_flops: float) -> float:
@@ -203,7 +209,7 @@ class RunMeasures:
         if world_size > 1:
             peak, source = peak * world_size, f"{source} x {world_size} ranks"
         return cls(
-            flops_per_token(config, model.matmul_parameter_count()),
+            flops_per_token(config, model.matmul_parameter_count(), model.frozen_matmul_parameter_count()),
             peak,
             source,
             memory.estimate(runtime.batch_size, runtime.grad_accum_steps),

@@ -19,6 +19,7 @@ from gptcore.config import (
     TrainingConfig,
 )
 from gptcore.data.tokenfile import TokenStream
+from gptcore.errors import ConfigError
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.runtime.device import DefaultsSource
 
@@ -61,6 +62,10 @@ class TrainJob:
         """A job for the `smoke` or `full` section of an iteration's parameters; a smoke job trains
         the full run's first steps (its optimizer, unless the smoke section names one, and schedule)."""
         smoke = stage == "smoke"
+        tune = params.finetune  # a fine-tune starts from the base's weights, with adapters for LoRA
+        if tune is not None and tune.weights is None:
+            raise ConfigError("finetune.weights: unset: `gptpipe finetune` resolves finetune.model to it")
+        start = {"init_weights": Path(tune.weights), "lora": tune.adapters()} if tune is not None else {}
         return cls(
             model=params.model.architecture,
             runtime=params.runtime,
@@ -68,6 +73,7 @@ class TrainJob:
             device_defaults=params.defaults_for,
             follows=params.full if smoke else None,
             follows_world_size=_full_world_size(params) if smoke else None,
+            **start,
             **fields,
         )
 

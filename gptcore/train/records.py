@@ -202,6 +202,7 @@ class SummaryRecord(Record):
     checkpoint_saves: int = metric()  # checkpoints taken: a longer run's snapshots are priced by them
     evaluation_seconds: float = metric()  # in evaluations, outside every rate (gptcore.train.estimate)
     evaluated_examples: int = metric()  # validation examples scored, over every evaluation
+    optimizer_state_bytes: int = metric(headline=True)  # the optimizer's moments: of what trains alone
     final_checkpoint: str | None = context()
     best_checkpoint: str | None = context()
     latest_checkpoint: str | None = context()

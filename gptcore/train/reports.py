@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from gptcore.checkpoint.files import state_bytes
 from gptcore.finetune.lora import trainable_parameters
 from gptcore.runtime.attention import attention_backend
 from gptcore.runtime.device import device_report
@@ -89,6 +90,7 @@ def summary_record(trainer: Trainer, started: float, start_step: int) -> Summary
         **trainer.checkpointer.figures(),
         evaluation_seconds=trainer.evaluator.seconds,
         evaluated_examples=trainer.evaluator.examples,
+        optimizer_state_bytes=state_bytes(trainer.optimizer.state),  # moments of what trains (LoRA: adapters)
         start_step=start_step,
         dry_run=trainer.job.dry_run,
     )

@@ -88,8 +88,12 @@ def _training_fingerprint(
     schedule: TrainingConfig | None = None,
     batch: dict[str, Any] | None = None,
 ) -> str:
+    from gptcore.finetune.start import start_identity
+
     runtime = {key: device.runtime[key] for key in _RUNTIME_KEYS if key in device.runtime}
     machine = {key: device.device.get(key) for key in ("device", "gpu_name", "torch_version")}
+    tune = params.finetune  # a fine-tune: the base's weights (by content) and the adapters' settings
+    start = start_identity(Path(tune.weights), tune.adapters()) if tune and tune.weights else None
     return fingerprint(
         stage,
         tokens.fingerprint,
@@ -100,6 +104,7 @@ def _training_fingerprint(
         schedule.model_dump() if schedule is not None else None,
         _training_code_version(),
         *([batch["batch_size"], batch["grad_accum_steps"]] if batch else []),
+        *([start] if start else []),  # absent for pretraining: its cached stages keep their keys
     )
 
 
@@ -124,7 +129,11 @@ def reused_batch(params: PipelineParams, smoke: SmokeResult | None) -> dict[str,
 
 
 def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) -> Path:
+    """`<checkpoint_root>/iteration-N-<stage>-<fingerprint>`; a fine-tune's stage as
+    `finetune-<name>-<method>-<stage>`."""
     root = Path(params.paths.checkpoint_root).resolve()
+    if params.finetune is not None:
+        stage = f"finetune-{params.finetune.name}-{params.finetune.method}-{stage}"
     return root / f"iteration-{params.iteration}-{stage}-{stage_fingerprint}"
 
 
@@ -228,7 +237,7 @@ def smoke_task(
     full_steps = int(startup["schedule_steps"])  # the trainer's count for the full run on this data
     estimate = estimate_run(summary, full_plan(params, full_steps, tokens))
     sizing = data_sizing(startup, full_steps, tokens, params)
-    if warning := sizing.warning():
+    if (warning := sizing.warning()) and params.finetune is None:  # a fine-tune's data is meant to be small
         announce(f"smoke: warning: {warning}")
     optimizer = params.training_section("smoke").optimizer
     record = {
@@ -336,14 +345,41 @@ def full_task(
     summary = _train(params, "full", tokens, device, directory, callbacks, resume, nproc, batch)
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
+    outputs += adapter_files(params, directory)
     return FullResult(
         fingerprint=fingerprint,
         run_directory=str(directory),
         summary=summary,
         files=file_record(*outputs),
         outputs=[str(path) for path in outputs],
-        figures={**SummaryRecord.headline(summary), **smoke_estimate(smoke, resume)},
+        figures={
+            **SummaryRecord.headline(summary),
+            **smoke_estimate(smoke, resume),
+            **trained_share(progress.startup),
+        },
     )
+
+
+def adapter_files(params: PipelineParams, directory: Path) -> list[Path]:
+    """A LoRA fine-tune's adapters alone, unmerged, from its evaluated checkpoint (`adapter/`)."""
+    from gptcore.checkpoint.files import named_checkpoint
+    from gptcore.checkpoint.load import ADAPTER_CONFIG, checkpoint_adapter
+
+    checkpoint = named_checkpoint(directory, params.evaluate.checkpoint) or named_checkpoint(
+        directory, "final"
+    )
+    if params.finetune is None or checkpoint is None:
+        return []
+    adapter = checkpoint_adapter(checkpoint, directory / "adapter")
+    return [adapter, adapter.with_name(ADAPTER_CONFIG)] if adapter is not None else []
+
+
+def trained_share(startup: dict[str, Any]) -> dict[str, Any]:
+    """What the optimizer trained (all but a fine-tune's frozen base): the count and its share."""
+    trained, total = startup.get("trainable_parameter_count"), startup.get("parameter_count")
+    if not trained or not total:
+        return {}
+    return {"trainable_parameter_count": trained, "trainable_parameter_share": round(trained / total, 6)}
 
 
 def smoke_estimate(smoke: SmokeResult, resumed: bool) -> dict[str, float]:

@@ -151,18 +151,20 @@ class PipelineRecorder:
             "run_id": callback.run_id if callback is not None else None,
         }
 
-    def register_evaluated(self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float) -> Any:
+    def register_evaluated(
+        self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float, lineage: dict | None = None
+    ) -> Any:
         """The evaluated checkpoint registered as a version of `name`, champion or challenger
-        (`tasks.tracking.models.registry`); None when the store did not answer."""
+        (`tasks.tracking.models.registry`), a fine-tune's tagged with its `lineage`; None when the store
+        did not answer."""
         from tasks.tracking.models.registry import register
 
         run_id = self._created_run("evaluate")
         if run_id is None:
             return None
         client, experiment = self.session.client, self.session.experiment_id
-        return self.writer.ask(
-            "register", register, client, experiment, run_id, name, checkpoint, test_bits_per_byte, digest
-        )
+        arguments = (client, experiment, run_id, name, checkpoint, test_bits_per_byte, digest, lineage)
+        return self.writer.ask("register", register, *arguments)
 
     def record_quantized(
         self, name: str, result: Any, digest: str, may_hold_champion: bool

@@ -30,6 +30,13 @@ TINY: dict[str, Any] = {
 }
 
 
+# A fine-tune's parameter file: no tokenizer section (the base's is used), a base model to start from.
+FINETUNE: dict[str, Any] = {
+    **{key: value for key, value in TINY.items() if key != "tokenizer"},
+    "finetune": {"name": "notes", "model": "models:/gptpipe-iteration-1@champion"},
+}
+
+
 def changed(path: str, value: Any, base: dict[str, Any] = ITERATION_1) -> str:
     """Iteration 1's parameters with `a.b.c` set to value (or removed when value is ...), as YAML."""
     data = copy.deepcopy(base)
@@ -54,11 +61,47 @@ def run(params: str) -> list[str]:
     return ["run", "--params", params]
 
 
+def finetune(params: str) -> list[str]:
+    return ["finetune", "--params", params]
+
+
 def dry(params: str, *more: str) -> list[str]:
     return ["train", "--params", params, "--device", "cpu", "--dry-run", "--no-track", *more]
 
 
 PARAM_FILE_CASES = [
+    Case(
+        "finetune-trains-no-tokenizer",
+        finetune("p.yaml"),
+        "p.yaml: tokenizer: a fine-tune encodes its corpus with the base model's tokenizer, never a new "
+        "vocabulary: remove the tokenizer section",
+        {"p.yaml": changed("tokenizer.vocab_size", TINY_VOCAB, FINETUNE)},
+    ),
+    Case(
+        "finetune-rank-zero",
+        finetune("p.yaml"),
+        "p.yaml: finetune.lora.r: value 0 is not allowed: Input should be greater than or equal to 1",
+        {"p.yaml": changed("finetune.lora.r", 0, FINETUNE)},
+    ),
+    Case(
+        "finetune-target-naming-no-layer",
+        finetune("p.yaml"),
+        "p.yaml: finetune.lora.targets.0: value 'attn.q_proj' is not allowed: Input should be 'attn.c_attn', "
+        "'attn.c_proj', 'mlp.c_fc' or 'mlp.c_proj'",
+        {"p.yaml": changed("finetune.lora.targets", ["attn.q_proj"], FINETUNE)},
+    ),
+    Case(
+        "finetune-unknown-method",
+        finetune("p.yaml"),
+        "p.yaml: finetune.method: value 'qlora' is not allowed: Input should be 'lora' or 'full'",
+        {"p.yaml": changed("finetune.method", "qlora", FINETUNE)},
+    ),
+    Case(
+        "finetune-of-a-pretraining-file",
+        finetune("p.yaml"),
+        "p.yaml: finetune: missing section: name the base model to fine-tune there",
+        {"p.yaml": changed("iteration", 1)},
+    ),
     Case(
         "unknown-top-level-key", run("p.yaml"), "p.yaml: bogus: unknown key", {"p.yaml": changed("bogus", 1)}
     ),
@@ -125,7 +168,7 @@ PARAM_FILE_CASES = [
     Case(
         "tokenizer-larger-than-model",
         run("p.yaml"),
-        "p.yaml: (top level): tokenizer.vocab_size 9000 exceeds the model's vocabulary 8192",
+        "p.yaml: tokenizer.vocab_size 9000 exceeds the model's vocabulary 8192",
         {"p.yaml": changed("tokenizer.vocab_size", 9000)},
     ),
     Case(

@@ -57,7 +57,7 @@ def save_pyfunc(files: Any, folder: Path) -> None:
 
 def build_model_folder(checkpoint: Path, folder: Path) -> dict[str, Any]:
     """The MLflow model of `checkpoint` saved into `folder`; returns the checkpoint's record."""
-    from gptcore.export.model_files import checkpoint_model_files
+    from gptcore.checkpoint.load import checkpoint_model_files
 
     files, record = checkpoint_model_files(checkpoint, folder.parent / f"{folder.name}-files")
     save_pyfunc(files, folder)

@@ -73,8 +73,9 @@ def load_model_uri(uri: str, config: Any = None) -> Any:
         raise _not_found(uri, target, error) from None
 
 
-def model_files_of(uri: str, config: Any = None) -> Any:
-    """The files (`gptcore.export.model_files.ModelFiles`) of the logged model `uri` names, downloaded."""
+def model_files_of(uri: str, config: Any = None, into: Path | None = None) -> Any:
+    """The files (`gptcore.export.model_files.ModelFiles`) of the logged model `uri` names, downloaded
+    (into the folder `into`, else a new temporary one)."""
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
@@ -82,7 +83,8 @@ def model_files_of(uri: str, config: Any = None) -> Any:
 
     location, target = locate(uri, config)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=location)) / "artifacts"
+        where = str(into) if into is not None else None
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=where)) / "artifacts"
     except (MlflowException, OSError, ValueError) as error:
         raise _not_found(uri, target, error) from None
     files = model_files_in(local)
@@ -92,3 +94,29 @@ def model_files_of(uri: str, config: Any = None) -> Any:
             f"--model {uri}: not a gptpipe model (no {', '.join(missing)} among its artifacts)"
         )
     return files
+
+
+def base_model(uri: str, config: Any, into: Path) -> tuple[Any, dict[str, str]]:
+    """The model files a fine-tune starts from (a registered or logged model's, downloaded into the
+    folder `into`; or a local model-files folder's) and its lineage: the URI and, for a registered one,
+    its name, version, logged model and run, as the fine-tuned versions' tags name them."""
+    from gptcore.export.model_files import model_files_in
+
+    lineage = {"base_model_uri": uri}
+    if not uri.startswith("models:/"):
+        if not (Path(uri) / "model_config.json").is_file():
+            raise ModelNotFound(f"finetune.model {uri}: no model there; expected {EXPECTED}")
+        return model_files_in(Path(uri)), lineage
+    try:
+        files = model_files_of(uri, config, into)
+    except ModelNotFound as error:  # named by the parameter file's key (`--model` sets it too)
+        raise ModelNotFound(str(error).replace("--model", "finetune.model", 1)) from None
+    version = registered_version(connect(resolve_target(config)), uri)
+    if version is not None:
+        lineage.update(
+            base_registered_model=version.name,
+            base_model_version=str(version.version),
+            base_model_id=getattr(version, "model_id", None) or "",
+            base_run_id=version.run_id or "",
+        )
+    return files, lineage

@@ -46,7 +46,11 @@ class Registration:
 
 
 def registered_name(params: Any) -> str:
-    return params.tracking.registered_model or f"gptpipe-iteration-{params.iteration}"
+    """`tracking.registered_model`, else `gptpipe-iteration-N`, a fine-tune's `gptpipe-iteration-N-<name>`."""
+    if params.tracking.registered_model:
+        return params.tracking.registered_model
+    tune = f"-{params.finetune.name}" if params.finetune is not None else ""
+    return f"gptpipe-iteration-{params.iteration}{tune}"
 
 
 def evaluated_model(client: Any, experiment_id: str, run_id: str, checkpoint: Path, digest: str) -> Any:
@@ -72,15 +76,17 @@ def register(
     checkpoint: Path,
     test_bits_per_byte: float,
     digest: str | None = None,
+    lineage: dict[str, str] | None = None,
 ) -> Registration:
-    """Register `checkpoint` (its sha256 `digest`, computed when not given) as a version of `name`."""
+    """Register `checkpoint` (its sha256 `digest`, computed when not given) as a version of `name`; a
+    fine-tune's `lineage` (its base model, the adapters' settings) tags the version."""
     from gptcore.tools.fingerprint import sha256_file
 
     digest = digest or sha256_file(checkpoint)
     model = evaluated_model(client, experiment_id, run_id, checkpoint, digest)
     identity = {"checkpoint_sha256": digest}
     version = _version_of(client, name, identity)
-    version = version or _new_version(client, name, model, identity, test_bits_per_byte)
+    version = version or _new_version(client, name, model, identity, test_bits_per_byte, lineage=lineage)
     alias, best = _decide(client, name, version, test_bits_per_byte, may_win=True, otherwise=CHALLENGER)
     return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best)
 
@@ -124,6 +130,7 @@ def _new_version(
     identity: dict[str, str],
     bits: float,
     figure: str = "test_bits_per_byte",
+    lineage: dict[str, str] | None = None,
 ) -> Any:
     """A new version of `name` (created when missing) for the logged `model`, named on the model too."""
     from mlflow.exceptions import MlflowException
@@ -145,7 +152,7 @@ def _new_version(
         source=model.artifact_location,
         run_id=model.source_run_id,
         model_id=model.model_id,
-        tags={**identity, "model_id": model.model_id, figure: str(bits)},
+        tags={**identity, "model_id": model.model_id, figure: str(bits), **(lineage or {})},
     )
     _link_version(client, model, name, str(version.version))
     return version

@@ -1,0 +1,204 @@
+"""A fine-tune's own stages (`flows.finetune`): its base model, and what the fine-tune learned and forgot.
+
+The base stage resolves `finetune.model` (a registered or logged model, or a model-files folder), keeps a
+copy of its files under `<data_root>/base-models/<weights sha256>` and checks them against the parameter
+file before anything trains: the architecture, the tokenizer (the new corpus is encoded with the base's,
+never a new one), the adapters' targets and rank. It runs every time (an alias may have moved); its copy
+is made once. The before/after stage measures the base and the fine-tuned model on the new corpus's test
+split and on the base corpus's, with the evaluate stage's settings: what was learned, what was forgotten.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from gptcore.config import PipelineParams
+from gptcore.errors import ConfigError
+from gptcore.tools.atomic import publish_directory, staging_directory, write_json_atomic
+from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
+from tasks.caching import fingerprint_key
+from tasks.results import BaseResult, BeforeAfterResult, TokensResult, file_record
+from tasks.stages.training import announce, run_directory
+
+BASE_MODELS = "base-models"  # under paths.data_root
+BEFORE_AFTER_FILE = "before_after.json"
+
+
+def resolve_base(params: PipelineParams) -> BaseResult:
+    """The base's files in place and checked; a one-line error naming the key otherwise, with nothing
+    kept of a base that does not fit."""
+    from gptcore.data.tokenfile import check_tokenizer
+    from gptcore.export.model_files import model_files_in
+    from gptcore.finetune.lora import check_adapters
+    from gptcore.finetune.start import check_shape
+    from tasks.tracking.models.model_uri import base_model
+
+    tune = _finetune(params)
+    data_root = Path(params.paths.data_root).resolve()
+    with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
+        files, lineage = base_model(tune.model, params.tracking, Path(scratch))
+        if files.quantization is not None:
+            raise ConfigError(
+                f"finetune.model {tune.model}: a {files.method} model; fine-tune an fp32 one (@champion)"
+            )
+        check_shape(params.model.architecture, files.weights, named=f"of {tune.model}")
+        check_tokenizer(files.tokenizer, params.model.architecture.vocab_size)
+        if "lora" in tune.methods():
+            check_adapters(params.model.architecture, tune.lora)
+        folder = _kept_copy(files, data_root / BASE_MODELS / sha256_file(files.weights)[:16])
+    kept = model_files_in(folder)
+    tokenizer, corpus = _base_tokenizer(params, kept.tokenizer, data_root)
+    return BaseResult(
+        fingerprint=None,  # never cached: a model URI may name another version tomorrow
+        uri=tune.model,
+        lineage=lineage,
+        folder=str(folder),
+        weights_sha256=sha256_file(kept.weights),
+        tokenizer=tokenizer,
+        base_test_tokens=_base_test_split(params, kept.tokenizer, data_root, corpus),
+        files=file_record(kept.weights, kept.config, kept.tokenizer),
+        outputs=[str(folder)],
+        figures={"base_model_uri": tune.model, **lineage},
+    )
+
+
+def _finetune(params: PipelineParams) -> Any:
+    if params.finetune is None:
+        raise ConfigError(
+            "finetune: missing section: a fine-tune's parameter file names its base model there"
+        )
+    return params.finetune
+
+
+def _kept_copy(files: Any, folder: Path) -> Path:
+    """The base's weights, architecture and tokenizer copied to `folder` (once: named by the weights)."""
+    if (folder / files.weights.name).is_file():
+        return folder
+    with staging_directory(folder) as staging:
+        for path in (files.weights, files.config, files.tokenizer):
+            shutil.copyfile(path, staging / path.name)
+        publish_directory(staging, folder)
+    return folder
+
+
+def _base_tokenizer(params: PipelineParams, tokenizer: Path, data_root: Path) -> tuple[dict[str, Any], str]:
+    """The base's tokenizer as the tokens stage takes one (a tokenizer manifest over the new corpus),
+    checked to fit the model and to know the end-of-text token; and the new corpus's fingerprint."""
+    import tokenizers
+
+    from gptcore.data.tokenfile import check_tokenizer
+    from gptcore.data.tokenizer import TokenizerManifest
+    from tasks.stages.data import corpus_for
+
+    size = check_tokenizer(tokenizer, params.model.architecture.vocab_size)  # the kept copy's
+    end_of_text = params.tokenizer.end_of_text
+    end_of_text_id = tokenizers.Tokenizer.from_file(str(tokenizer)).token_to_id(end_of_text)
+    if end_of_text_id is None:
+        raise ConfigError(f"finetune.model: the base's tokenizer has no end-of-text token {end_of_text!r}")
+    corpus = corpus_for(params.corpus, data_root, fresh=True).fingerprint
+    digest = sha256_file(tokenizer)
+    manifest = TokenizerManifest(
+        fingerprint=f"base-{digest[:16]}",
+        corpus_fingerprint=corpus,  # the text encoded: the new corpus, with the base's vocabulary
+        path=str(tokenizer),
+        sha256=digest,
+        vocab_size=size,
+        requested_vocab_size=size,
+        min_frequency=0,
+        end_of_text=end_of_text,
+        end_of_text_id=end_of_text_id,
+        seconds=0.0,
+        tokenizers_version=tokenizers.__version__,
+        code_version="base-model",
+    )
+    return manifest.to_dict(), corpus
+
+
+def _base_test_split(params: PipelineParams, tokenizer: Path, data_root: Path, corpus: str) -> str | None:
+    """`finetune.base_test_tokens`, checked to be a test split made with the base's tokenizer; unset, the
+    newest such split of another corpus under the data root (None: forgetting goes unmeasured)."""
+    from gptcore.data.tokenfile import check_tokenizer, find_test_tokens, open_tokens
+    from gptcore.errors import DataError
+
+    given = params.finetune.base_test_tokens if params.finetune else None
+    if given is None:
+        found = find_test_tokens(tokenizer, data_root, other_than_corpus=corpus)
+        return str(found) if found else None
+    try:
+        stream = open_tokens(given)
+        check_tokenizer(tokenizer, params.model.architecture.vocab_size, (stream,))
+    except DataError as error:
+        raise ConfigError(f"finetune.base_test_tokens {given}: {error}") from None
+    if stream.manifest is None or stream.manifest.split != "test":
+        raise ConfigError(f"finetune.base_test_tokens {given}: not a test split's token file (test.bin)")
+    return given
+
+
+def before_after_fingerprint(
+    params: PipelineParams, base: BaseResult, tokens: TokensResult, digest: str, device: str
+) -> str:
+    import gptcore.eval.held_out
+
+    base_test = sha256_file(base.base_test_tokens) if base.base_test_tokens else None
+    return fingerprint(
+        "before-after",
+        base.weights_sha256,
+        digest,
+        tokens.files.get(tokens.test),
+        base_test,
+        params.evaluate.model_dump(),
+        device,
+        code_version_of(gptcore.eval.held_out),
+    )
+
+
+@task(name="before-after", cache_key_fn=fingerprint_key("before-after"), persist_result=True)
+def before_after_task(
+    fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str,
+    base: BaseResult,
+) -> BeforeAfterResult:  # fmt: skip
+    """Bits per byte of the base (before) and of the fine-tuned model (after) on the new corpus's test
+    split (`new_test_*`) and the base corpus's (`base_test_*`), holding the device's slot."""
+    from gptcore.checkpoint.load import load_model
+    from gptcore.data.tokenfile import open_tokens
+    from gptcore.eval.held_out import stream_figures
+    from gptcore.export.model_files import model_files_in, read_model_files
+    from tasks.device_slot import device_slot
+
+    kept = model_files_in(Path(base.folder))
+    splits = {"new": tokens.test, "base": base.base_test_tokens}
+    figures: dict[str, Any] = {}
+    with device_slot(device, announce=announce):
+        before = read_model_files(kept.weights, kept.config, device)
+        models = {"before": before, "after": load_model(Path(checkpoint), device)[0]}
+        for split, path in splits.items():
+            if path is None:
+                continue
+            stream = open_tokens(path)
+            for when, model in models.items():
+                loss, bits, predicted = stream_figures(model, stream, params.evaluate)
+                figures[f"{split}_test_loss_{when}"] = loss
+                figures[f"{split}_test_bits_per_byte_{when}"] = bits
+            figures[f"{split}_test_tokens"] = predicted
+    folder = run_directory(params, "before-after", fingerprint)
+    folder.mkdir(parents=True, exist_ok=True)
+    record = write_json_atomic(folder / BEFORE_AFTER_FILE, {"splits": splits, "figures": figures})
+    announce(before_after_line(figures))
+    return BeforeAfterResult(
+        fingerprint=fingerprint, files=file_record(record), outputs=[str(record)], figures=figures
+    )
+
+
+def before_after_line(figures: dict[str, Any]) -> str:
+    def change(split: str) -> str:
+        before, after = (figures.get(f"{split}_test_bits_per_byte_{when}") for when in ("before", "after"))
+        if before is None or after is None:
+            return "not measured (no base test split under the data root)"
+        return f"{before:.4f} -> {after:.4f} bits/byte"
+
+    return f"before-after: new corpus {change('new')}; base corpus {change('base')}"

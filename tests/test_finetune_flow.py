@@ -1,0 +1,190 @@
+"""`gptpipe finetune`, for real: a tiny model pretrained and registered by `gptpipe run`, then fine-tuned
+on other text with LoRA and with every weight, side by side; registered with its lineage, cached on a
+second run, and bad bases refused in one line before anything trains."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import commands_env
+from tests.test_pipeline import GPTPIPE, REPO, gptpipe, write_corpus, write_params
+
+pytestmark = pytest.mark.slow
+
+# The new text: sentences of one shape, which the base (trained on random word salad) has not seen.
+NOTES = [
+    f"note {i}: the service restarts when the queue is empty and the worker is idle." for i in range(400)
+]
+
+
+def finetune_params(root: Path) -> Path:
+    """A fine-tune of the registered base on the notes; the model written out, so --set can change it."""
+    (root / "notes").mkdir(exist_ok=True)
+    for index in range(8):
+        (root / "notes" / f"n{index}.txt").write_text("\n".join(NOTES[index * 50 : (index + 1) * 50]) + "\n")
+    text = f"""\
+iteration: 1
+model:
+  name: tiny
+  architecture: {{n_layer: 1, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 320}}
+  cpu: {{batch_size: 4}}
+  gpu: {{batch_size: 4}}
+finetune:
+  name: notes
+  model: models:/gptpipe-iteration-1@champion
+  method: lora
+  lora: {{r: 4, alpha: 16, dropout: 0.0, targets: [attn.c_attn, mlp.c_fc]}}
+corpus: {{source: local, paths: ["{root / "notes"}"], validation_fraction: 0.25, test_fraction: 0.25}}
+runtime: {{device: cpu}}
+smoke: {{max_steps: 8, log_every: 4, eval_every: 8, validation_examples: 8}}
+full: {{max_steps: 16, log_every: 4, eval_every: 8, checkpoint_every: 8, validation_examples: 8,
+       optimizer: {{learning_rate: 1.0e-2, warmup_steps: 1, weight_decay: 0.0}}}}
+tracking: {{experiment: test-finetune, artifact_root: "{root / "mlartifacts"}"}}
+paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"}}
+"""
+    path = root / "finetune.yaml"
+    path.write_text(text)
+    return path
+
+
+def finetune(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GPTPIPE, "finetune", *args], env=env, cwd=REPO, capture_output=True, text=True)
+
+
+def reports(result: subprocess.CompletedProcess[str]) -> list[dict[str, dict]]:
+    """Each method's stage report (its JSON line), stage name -> stage."""
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"stages"')]
+    return [{stage["name"]: stage for stage in line["stages"]} for line in lines]
+
+
+@dataclass
+class Workspace:
+    root: Path
+    env: dict[str, str]
+    params: Path
+    first: subprocess.CompletedProcess[str]
+    second: subprocess.CompletedProcess[str]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return json.loads(self.first.stdout.strip().splitlines()[-1])
+
+    def client(self) -> Any:
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=self.env["MLFLOW_TRACKING_URI"])
+
+
+@pytest.fixture(scope="module")
+def workspace(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    root = tmp_path_factory.mktemp("finetune")
+    env = commands_env(prefect_server, tmp_path_factory)
+    write_corpus(root)
+    gptpipe(env, "--params", str(write_params(root)), "--until", "evaluate")  # the base, registered
+    params = finetune_params(root)
+    first = finetune(env, "--params", str(params))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = finetune(env, "--params", str(params), "--set", "finetune.compare=false")  # LoRA's again
+    assert second.returncode == 0, second.stderr[-3000:]
+    return Workspace(root, env, params, first, second)
+
+
+def test_lora_and_full_fine_tuning_are_measured_side_by_side(workspace: Workspace) -> None:
+    lora, full = (workspace.summary["methods"][method] for method in ("lora", "full"))
+    assert lora["state"] == full["state"] == "completed"
+    assert lora["trainable_parameter_count"] < full["trainable_parameter_count"] / 10
+    assert full["trainable_parameter_share"] == 1.0 and lora["trainable_parameter_share"] < 0.1
+    assert lora["optimizer_state_bytes"] < full["optimizer_state_bytes"] / 10  # moments of the adapters
+    for method in (lora, full):
+        assert method["new_test_bits_per_byte_after"] < method["new_test_bits_per_byte_before"], "learned"
+        assert method["base_test_bits_per_byte_before"] is not None, "the base's own test split, found"
+        assert method["training_peak_memory_bytes"] > 0 and method["tokens_per_second"] > 0
+    assert "| lora |" in workspace.first.stderr and "| full |" in workspace.first.stderr
+    client = workspace.client()
+    comparison = client.get_run(workspace.summary["comparison_run_id"])
+    logged = {artifact.path for artifact in client.list_artifacts(comparison.info.run_id)}
+    assert {"finetune_comparison.json", "finetune_comparison.md"} <= logged
+
+
+def test_both_are_registered_with_their_lineage_and_the_better_is_champion(workspace: Workspace) -> None:
+    client = workspace.client()
+    versions = {
+        v.tags["finetune.method"]: v
+        for v in client.search_model_versions("name = 'gptpipe-iteration-1-notes'")
+    }
+    assert set(versions) == {"lora", "full"}
+    base = client.get_model_version_by_alias("gptpipe-iteration-1", "champion")
+    for version in versions.values():
+        assert version.tags["base_model_uri"] == "models:/gptpipe-iteration-1@champion"
+        assert version.tags["base_model_version"] == str(base.version)
+    assert versions["lora"].tags["lora.r"] == "4" and "lora.r" not in versions["full"].tags
+    champion = client.get_model_version_by_alias("gptpipe-iteration-1-notes", "champion")
+    best = min(versions.values(), key=lambda v: float(v.tags["test_bits_per_byte"]))
+    assert champion.version == best.version
+
+
+def test_the_registered_lora_model_is_the_base_plus_its_kept_adapter(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from gptcore.export.model_files import model_files_in
+    from tasks.tracking.models.model_uri import model_files_of
+
+    lora = reports(workspace.first)[0]
+    adapter_file = next(Path(p) for p in lora["finetune"]["outputs"] if p.endswith("adapter.safetensors"))
+    settings = json.loads(adapter_file.with_name("adapter_config.json").read_text())
+    adapter = load_file(adapter_file)
+    base = load_file(model_files_in(Path(lora["base"]["outputs"][0])).weights)
+    version = lora["evaluate"]["figures"]["model_version"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", workspace.env["MLFLOW_TRACKING_URI"])
+    merged = load_file(model_files_of(f"models:/gptpipe-iteration-1-notes/{version}", into=tmp_path).weights)
+    layer = "transformer.h.0.mlp.c_fc"
+    update = adapter[f"{layer}.lora_b"] @ adapter[f"{layer}.lora_a"] * settings["alpha"] / settings["r"]
+    assert torch.allclose(merged[f"{layer}.weight"], base[f"{layer}.weight"] + update, atol=1e-6)
+    assert torch.equal(
+        merged["transformer.h.0.attn.c_proj.weight"], base["transformer.h.0.attn.c_proj.weight"]
+    )
+
+
+def test_a_second_run_takes_every_stage_but_the_base_from_the_cache(workspace: Workspace) -> None:
+    assert len(reports(workspace.second)) == 1
+    for report in reports(workspace.second):
+        states = {name: stage["state"] for name, stage in report.items()}
+        assert states.pop("base") == "completed" and states.pop("device") == "completed"
+        assert set(states.values()) == {"cached"}, states
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--model", "models:/gptpipe-iteration-1@nobody"],
+            "finetune.model models:/gptpipe-iteration-1@nobody: cannot be loaded",
+        ),
+        (
+            ["--set", "model.architecture.n_embd=64"],
+            "model: the weights of models:/gptpipe-iteration-1@champion are of another shape: n_embd 32",
+        ),
+        (
+            ["--set", "finetune.lora.r=64"],
+            "finetune.lora.r: value 64 is not allowed: at most 32",
+        ),
+    ],
+    ids=["unresolvable-uri", "another-shape", "rank-above-the-layer"],
+)
+def test_a_base_that_does_not_fit_is_refused_in_one_line(
+    workspace: Workspace, args: list[str], expected: str
+) -> None:
+    result = finetune(workspace.env, "--params", str(workspace.params), *args)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
