@@ -57,6 +57,7 @@ def finetune_method(
         base = report.stage("base", lambda: stages.base(params, tracking))
         tuned = stages.with_base(params, base)  # training starts from the base's weights
         lineage = lineage_tags(tuned, base)
+        tracking.log_params(lineage)  # the run compares by them too: method, rank, base version
         tokens = report.stage(
             "tokens", lambda: stages.tokens(tuned, base.result.tokenizer_result(), tracking)
         )
@@ -92,7 +93,6 @@ def finetune(params_path: str, overrides: list[str] | None = None) -> dict:
     try:
         for result in results:
             trial = {"parent_run_id": parent, "name": result.method, "kind": "finetune-method"}
-            trial["values"] = {"finetune.method": result.method}
             try:
                 result.report = finetune_method(
                     params_path, [*overrides, f"finetune.method={result.method}"], trial=trial

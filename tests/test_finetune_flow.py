@@ -125,6 +125,10 @@ def test_both_are_registered_with_their_lineage_and_the_better_is_champion(works
         assert version.tags["base_model_uri"] == "models:/gptpipe-iteration-1@champion"
         assert version.tags["base_model_version"] == str(base.version)
     assert versions["lora"].tags["lora.r"] == "4" and "lora.r" not in versions["full"].tags
+    experiment = client.get_experiment_by_name("test-finetune").experiment_id
+    runs = client.search_runs([experiment], "tags.kind = 'finetune-method'")
+    assert {run.data.params["finetune.method"] for run in runs} == {"lora", "full"}  # compared by them
+    assert {run.data.params.get("lora.r") for run in runs} == {"4", None}
     champion = client.get_model_version_by_alias("gptpipe-iteration-1-notes", "champion")
     best = min(versions.values(), key=lambda v: float(v.tags["test_bits_per_byte"]))
     assert champion.version == best.version

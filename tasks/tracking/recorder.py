@@ -96,6 +96,10 @@ class PipelineRecorder:
             writer.log_params(parent, {f"sweep.{key}": value for key, value in swept.items()})
         return recorder
 
+    def log_params(self, values: dict[str, Any]) -> None:
+        """More params of the flow's run (a fine-tune's base and adapters, known once the base resolved)."""
+        self.writer.log_params(self.parent_run_id, values)
+
     def links(self) -> dict[str, str]:
         return {
             "MLflow tracking store": redact(self.session.target.uri),
