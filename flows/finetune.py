@@ -22,9 +22,10 @@ from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
 from flows.trials import TableRun
 from gptcore.config import FINETUNE_STAGES, PipelineParams, choice, load_params
-from gptcore.errors import ConfigError, first_line
+from gptcore.errors import first_line
 from gptcore.tools.markdown import cell, table
 from tasks import pipeline as stages
+from tasks.stages.finetune import finetune_section
 from tasks.tracking import PipelineRecorder
 from tasks.tracking.models.registry import registered_name
 
@@ -117,8 +118,7 @@ def finetune(params_path: str, overrides: list[str] | None = None) -> dict:
 def finetune_params(params_path: str, overrides: list[str]) -> PipelineParams:
     """The parameter file, which must be a fine-tune's (a `finetune` section)."""
     params = load_params(params_path, overrides)
-    if params.finetune is None:
-        raise ConfigError(f"{params_path}: finetune: missing section: name the base model to fine-tune there")
+    finetune_section(params, params_path)
     return params
 
 

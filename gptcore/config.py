@@ -580,10 +580,8 @@ def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     profiles = path.resolve().parent / "profiles"
     profiles = profiles if profiles.is_dir() else PROFILES_DIR
     for assignment in overrides:
-        if assignment.startswith("model.") and isinstance(data.get("model"), str):
-            data["model"] = load_profile(
-                data["model"], profiles
-            ).model_dump()  # `model.x=...` sets a key of it
+        if assignment.startswith("model.") and isinstance(data.get("model"), str):  # a key of the profile
+            data["model"] = load_profile(data["model"], profiles).model_dump()
         apply_override(data, assignment)
     source = f"{path}" + (" (with --set)" if overrides else "")
     profile_ref = data.get("model")

@@ -86,11 +86,13 @@ def finetune_command(
     json_lines_only(json_only)
     overrides = [*overrides, *([f"finetune.model={model}"] if model else [])]
     params_path, checked = resolve_params(params, None, overrides)
-    from flows.finetune import finetune_params
-    from tasks.stages.finetune import resolve_base
+    import tempfile
 
-    finetune_params(str(params_path), overrides)  # a fine-tune's file
-    resolve_base(checked)  # the base, its shape, tokenizer and the adapters: before anything runs
+    from tasks.stages.finetune import check_base, finetune_section
+
+    finetune_section(checked, str(params_path))
+    with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
+        check_base(checked, Path(scratch))  # its shape, tokenizer and the adapters: before anything runs
     _start_prefect(checked)
     from flows.finetune import finetune
 

@@ -30,26 +30,14 @@ BEFORE_AFTER_FILE = "before_after.json"
 
 
 def resolve_base(params: PipelineParams) -> BaseResult:
-    """The base's files in place and checked; a one-line error naming the key otherwise, with nothing
-    kept of a base that does not fit."""
-    from gptcore.data.tokenfile import check_tokenizer
+    """The base's files in place and checked (`check_base`), the new corpus's tokenizer manifest over
+    them, the base corpus's test split found."""
     from gptcore.export.model_files import model_files_in
-    from gptcore.finetune.lora import check_adapters
-    from gptcore.finetune.start import check_shape
-    from tasks.tracking.models.model_uri import base_model
 
-    tune = _finetune(params)
+    tune = params.finetune
     data_root = Path(params.paths.data_root).resolve()
     with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
-        files, lineage = base_model(tune.model, params.tracking, Path(scratch))
-        if files.quantization is not None:
-            raise ConfigError(
-                f"finetune.model {tune.model}: a {files.method} model; fine-tune an fp32 one (@champion)"
-            )
-        check_shape(params.model.architecture, files.weights, named=f"of {tune.model}")
-        check_tokenizer(files.tokenizer, params.model.architecture.vocab_size)
-        if "lora" in tune.methods():
-            check_adapters(params.model.architecture, tune.lora)
+        files, lineage = check_base(params, Path(scratch))
         folder = _kept_copy(files, data_root / BASE_MODELS / sha256_file(files.weights)[:16])
     kept = model_files_in(folder)
     tokenizer, corpus = _base_tokenizer(params, kept.tokenizer, data_root)
@@ -67,11 +55,40 @@ def resolve_base(params: PipelineParams) -> BaseResult:
     )
 
 
-def _finetune(params: PipelineParams) -> Any:
-    if params.finetune is None:
+def check_base(params: PipelineParams, scratch: Path) -> tuple[Any, dict[str, str]]:
+    """The base's files (downloaded into `scratch`) and lineage, when they fit the parameter file: fp32
+    weights of its architecture, a tokenizer within its vocabulary that knows the end-of-text token, the
+    adapters' targets and rank; a one-line error naming the key otherwise. Nothing is kept: `gptpipe
+    finetune` calls this before anything starts, the base stage before it copies."""
+    import tokenizers
+
+    from gptcore.data.tokenfile import check_tokenizer
+    from gptcore.finetune.lora import check_adapters
+    from gptcore.finetune.start import check_shape
+    from tasks.tracking.models.model_uri import base_model
+
+    tune = finetune_section(params)
+    files, lineage = base_model(tune.model, params.tracking, scratch)
+    if files.quantization is not None:
         raise ConfigError(
-            "finetune: missing section: a fine-tune's parameter file names its base model there"
+            f"finetune.model {tune.model}: a {files.method} model; fine-tune an fp32 one (@champion)"
         )
+    architecture = params.model.architecture
+    check_shape(architecture, files.weights, named=f"of {tune.model}")
+    check_tokenizer(files.tokenizer, architecture.vocab_size)
+    end_of_text = params.tokenizer.end_of_text
+    if tokenizers.Tokenizer.from_file(str(files.tokenizer)).token_to_id(end_of_text) is None:
+        raise ConfigError(f"finetune.model: the base's tokenizer has no end-of-text token {end_of_text!r}")
+    if "lora" in tune.methods():
+        check_adapters(architecture, tune.lora)
+    return files, lineage
+
+
+def finetune_section(params: PipelineParams, source: str = "the parameter file") -> Any:
+    """The `finetune` section (`gptcore.config.FinetuneConfig`); a ConfigError naming `source` when the
+    file has none (a pretraining file)."""
+    if params.finetune is None:
+        raise ConfigError(f"{source}: finetune: missing section: name the base model to fine-tune there")
     return params.finetune
 
 
@@ -87,19 +104,16 @@ def _kept_copy(files: Any, folder: Path) -> Path:
 
 
 def _base_tokenizer(params: PipelineParams, tokenizer: Path, data_root: Path) -> tuple[dict[str, Any], str]:
-    """The base's tokenizer as the tokens stage takes one (a tokenizer manifest over the new corpus),
-    checked to fit the model and to know the end-of-text token; and the new corpus's fingerprint."""
+    """The base's tokenizer as the tokens stage takes one (a tokenizer manifest over the new corpus), and
+    the new corpus's fingerprint."""
     import tokenizers
 
-    from gptcore.data.tokenfile import check_tokenizer
     from gptcore.data.tokenizer import TokenizerManifest
     from tasks.stages.data import corpus_for
 
-    size = check_tokenizer(tokenizer, params.model.architecture.vocab_size)  # the kept copy's
-    end_of_text = params.tokenizer.end_of_text
-    end_of_text_id = tokenizers.Tokenizer.from_file(str(tokenizer)).token_to_id(end_of_text)
-    if end_of_text_id is None:
-        raise ConfigError(f"finetune.model: the base's tokenizer has no end-of-text token {end_of_text!r}")
+    loaded = tokenizers.Tokenizer.from_file(str(tokenizer))  # checked by `check_base`
+    size, end_of_text = loaded.get_vocab_size(with_added_tokens=True), params.tokenizer.end_of_text
+    end_of_text_id = loaded.token_to_id(end_of_text)
     corpus = corpus_for(params.corpus, data_root, fresh=True).fingerprint
     digest = sha256_file(tokenizer)
     manifest = TokenizerManifest(
