@@ -32,6 +32,8 @@ class PrefectProgress(TrainingCallback):
         self.planned_steps = max(1, int(startup.get("planned_steps") or self.planned_steps))
         self.start_step = int(startup.get("start_step") or 0)
         _run_logger().info("%s: %s", self.key, startup_line(startup))
+        if startup.get("precision_warning"):
+            _run_logger().warning("%s: %s", self.key, startup["precision_warning"])
         self._call(self._create, 100.0 * self.start_step / self.planned_steps)
 
     def on_step(self, metrics: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from flows.cli.main import main
 from gptcore.runtime import malloc as host_memory
+from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_PARAMS = {
@@ -183,13 +184,25 @@ def test_device_json_reports_the_environment(capsys: pytest.CaptureFixture[str])
     assert isinstance(report["fused_adamw_supported"], bool)
 
 
-def test_a_dry_run_at_a_batch_far_beyond_memory_only_estimates(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_dry_run_at_a_batch_far_beyond_memory_only_estimates(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 2048 x 1024 tokens against gpt_100m's 16k vocabulary: the step's logits alone would be 64 GiB, and
-    # the peak probe used to multiply matrices of that size before the dry run could answer.
+    # the peak probe used to multiply matrices of that size (in bf16: minutes where the CPU emulates it)
+    # before the dry run could answer. It multiplies nothing now: no peak, nothing trained.
+    from gptcore.runtime import device, flops
+
+    slow = PrecisionSpeeds("cpu", (PrecisionSpeed("bf16", "cpu", 0.15, 2.5, False),))
+    monkeypatch.setattr(device, "measure_precision_speeds", lambda name: slow)
+    monkeypatch.setattr(flops, "measured_matmul_peak", lambda *a, **k: pytest.fail("a dry run measured"))
     args = ["train", "--iteration", "3", "--device", "cpu", "--precision", "bf16", "--dry-run"]
     assert main([*args, "--batch-size", "2048", "--grad-accum", "1"]) == 0
-    startup, summary = _lines(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    startup, summary = _lines(out)
     assert startup["batch_size"] == 2048 and summary["estimated_peak_memory_bytes"] > 64 * 2**30
+    assert startup["peak_flops_source"] == "not measured: a dry run multiplies nothing"
+    assert startup["precision"] == "bf16" and "0.15x fp32's speed" in startup["precision_warning"]
+    assert err.splitlines() == [f"warning: {startup['precision_warning']}"]
 
 
 HIDE_PACKAGES = """

@@ -156,6 +156,30 @@ def test_quality_on_the_first_tokens_is_named_for_them(text, tmp_path: Path) -> 
     assert f"the test split's first 64 of {len(stream) - 1:,} tokens (quantize.max_test_tokens)" in table
 
 
+def test_a_bf16_row_on_a_cpu_that_emulates_it_says_so_with_the_probes_ratios(
+    text, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gptcore.eval import quant_tradeoff
+    from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds
+
+    def probe(train: float) -> PrecisionSpeeds:  # a stubbed probe: never this machine's speed
+        return PrecisionSpeeds("cpu", (PrecisionSpeed("bf16", "cpu", train, 2.5, train >= 1),))
+
+    tokenizer, test = text
+    settings = QuantizeConfig(methods=["bf16"], max_test_tokens=64, new_tokens=4, repeats=1)
+    monkeypatch.setattr(quant_tradeoff, "measure_precision_speeds", lambda device: probe(0.15))
+    rows = quant_tradeoff.measure_tradeoff(
+        small_model(), settings.methods, open_tokens(test), tokenizer, settings, EvaluateConfig(), tmp_path
+    )
+    assert rows[0].emulated is None and "0.15x fp32's speed" in rows[1].emulated
+    assert "emulated" not in rows[1].metrics()
+    table = quant_tradeoff.tradeoff_markdown(rows, {})
+    assert "| bf16 (emulated) |" in table and f"{rows[1].emulated}: its speed columns" in table
+    monkeypatch.setattr(quant_tradeoff, "measure_precision_speeds", lambda device: probe(2.0))
+    assert quant_tradeoff._emulated("bf16", "cpu") is None
+    assert quant_tradeoff._emulated("bf16", "cuda") is None
+
+
 def test_int4_packs_every_block_layer_in_groups_that_divide_it(tmp_path: Path) -> None:
     from gptcore.model.quantization import int4_group_size
 

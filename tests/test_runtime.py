@@ -8,8 +8,38 @@ import torch
 from gptcore.config import DeviceDefaults, RuntimeConfig, load_profile
 from gptcore.errors import DeviceError
 from gptcore.runtime import device as rt
+from gptcore.runtime import precision_speed
+from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds
 
 PROFILE = load_profile("gpt_first_cpu")
+
+
+def probe_result(
+    device: str, train: float, decode: float = 2.0, native: bool | None = None
+) -> PrecisionSpeeds:
+    """A precision probe's result as a device might give it: both 16-bit types at these ratios to fp32."""
+    return PrecisionSpeeds(
+        device, tuple(PrecisionSpeed(p, device, train, decode, native) for p in ("bf16", "fp16"))
+    )
+
+
+@pytest.fixture(autouse=True)
+def sixteen_bit_pays(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The precision probe stubbed: 16-bit trains at twice fp32's speed on any device (as on a GPU or a
+    CPU with AVX512-BF16); a test wanting an emulating CPU says so. Never this machine's speed."""
+    probed: list[str] = []
+
+    def measure(device: str) -> PrecisionSpeeds:
+        probed.append(device)
+        return probe_result(device, 2.0)
+
+    monkeypatch.setattr(rt, "measure_precision_speeds", measure)
+    return probed
+
+
+def an_emulating_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe as on an AVX2-only CPU: 16-bit training-shaped matmuls at 0.15x fp32, decode at 2.5x."""
+    monkeypatch.setattr(rt, "measure_precision_speeds", lambda device: probe_result(device, 0.15, 2.5, False))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: auto resolves to cuda")
@@ -45,6 +75,97 @@ def test_parameter_file_device_defaults_override_the_profile() -> None:
     request = RuntimeConfig(device="cpu", cpu=DeviceDefaults(batch_size=4, precision="bf16"))
     runtime = rt.resolve_runtime(request, PROFILE)
     assert (runtime.batch_size, runtime.precision) == (4, "bf16")
+
+
+def test_auto_never_takes_a_16_bit_default_that_trains_slower_than_fp32_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    an_emulating_cpu(monkeypatch)
+    request = RuntimeConfig(device="cpu", cpu=DeviceDefaults(batch_size=4, precision="bf16"))
+    runtime = rt.resolve_runtime(request, PROFILE)
+    assert runtime.precision == "fp32" and runtime.precision_warning is None
+    assert runtime.precision_source == (
+        "auto: profile default bf16 trains at 0.15x fp32's speed on this cpu (measured), fp32"
+    )
+
+
+def test_auto_decides_by_the_probe_it_is_given_not_by_measuring_again(sixteen_bit_pays: list[str]) -> None:
+    request = RuntimeConfig(device="cpu", cpu=DeviceDefaults(batch_size=4, precision="bf16"))
+    assert rt.resolve_runtime(request, PROFILE, probe_result("cpu", 0.5)).precision == "fp32"
+    assert rt.resolve_runtime(request, PROFILE, probe_result("cpu", 1.3)).precision == "bf16"
+    assert sixteen_bit_pays == []
+    assert rt.resolve_runtime(RuntimeConfig(device="cpu"), PROFILE).precision == "fp32"
+    assert sixteen_bit_pays == []  # an fp32 default is never probed
+
+
+def test_an_explicit_precision_slower_than_fp32_is_kept_with_one_warning_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    an_emulating_cpu(monkeypatch)
+    runtime = rt.resolve_runtime(RuntimeConfig(device="cpu", precision="bf16"), PROFILE)
+    assert (runtime.precision, runtime.precision_source) == ("bf16", "requested")
+    assert runtime.precision_warning == (
+        "--precision bf16: bf16 on cpu: training-shaped matmuls 0.15x fp32's speed, decode-shaped 2.50x "
+        "(emulated: this CPU has no avx512_bf16 or amx_bf16); training will be slower than in fp32 "
+        "(runtime.precision auto would take fp32 here)"
+    )
+    fp32 = rt.resolve_runtime(RuntimeConfig(device="cpu", precision="fp32"), PROFILE)
+    assert fp32.precision_warning is None
+
+
+def test_an_explicit_precision_that_pays_has_no_warning() -> None:
+    bf16 = rt.resolve_runtime(RuntimeConfig(device="cpu", precision="bf16"), PROFILE)
+    assert bf16.precision_warning is None
+
+
+def test_the_device_report_carries_the_probes_ratios(monkeypatch: pytest.MonkeyPatch) -> None:
+    an_emulating_cpu(monkeypatch)
+    report = rt.device_report("cpu")
+    assert (report["bf16_train_speedup"], report["bf16_decode_speedup"]) == (0.15, 2.5)
+    assert report["bf16_emulated"] and report["fp16_emulated"]
+    assert PrecisionSpeeds.from_dict(report["precision_speeds"]) == probe_result("cpu", 0.15, 2.5, False)
+    assert "precision_speeds" not in rt.device_report("cpu", precision_speeds=False)
+
+
+def test_the_probe_times_a_slow_precision_once_and_a_fast_one_until_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs: list[float] = []
+
+    def timed(seconds: float):  # a matmul that "takes" `seconds`, whatever this machine's speed
+        def run(device: str, a: torch.Tensor, b: torch.Tensor) -> float:
+            runs.append(seconds)
+            return seconds
+
+        return run
+
+    monkeypatch.setattr(precision_speed, "_timed", timed(5.0))
+    assert precision_speed._flops("cpu", "bf16", (2, 2, 2)) == pytest.approx(16 / 5.0)
+    assert len(runs) == 1  # slower than the budget: its one run is its measure
+    runs.clear()
+    monkeypatch.setattr(precision_speed, "_timed", timed(1e-4))
+    precision_speed._flops("cpu", "fp32", (2, 2, 2), seconds=0.01)
+    assert len(runs) >= 4  # the first, then at least three more
+
+
+def test_the_real_probe_measures_both_16_bit_types_against_fp32() -> None:
+    speeds = precision_speed.measure_precision_speeds("cpu")
+    assert [s.precision for s in speeds.speeds] == ["bf16", "fp16"]
+    assert all(s.train_speedup > 0 and s.decode_speedup > 0 for s in speeds.speeds)
+    assert set(speeds.figures()) == {
+        "bf16_train_speedup",
+        "bf16_decode_speedup",
+        "fp16_train_speedup",
+        "fp16_decode_speedup",
+    }
+
+
+def test_a_cpu_is_native_for_a_precision_only_where_its_flags_say_so(tmp_path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert precision_speed._native("bf16", cpuinfo) is True
+    assert precision_speed._native("fp16", cpuinfo) is False
+    assert precision_speed._native("bf16", tmp_path / "absent") is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

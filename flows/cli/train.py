@@ -18,6 +18,7 @@ from flows.cli.options import batch_size_value, command_of, json_lines_only, res
 from flows.train_launch import launch_spec, nproc_value
 from gptcore.config import Device, Precision, TrainingStage, choice
 from gptcore.errors import ConfigError, first_line
+from gptcore.train.callbacks import TrainingCallback
 
 
 def device_command(
@@ -76,6 +77,7 @@ def training_callbacks(
         if wants_progress_bar()
         else [JsonLinesCallback()]
     )
+    callbacks.append(WarningLines())
     if track:
         from gptcore.train.records import profile_params
         from tasks.tracking import TrackingSession
@@ -92,6 +94,16 @@ def training_callbacks(
         )
         callbacks.append(callback)
     return callbacks
+
+
+class WarningLines(TrainingCallback):
+    """What the start-up record warns of (a precision slower than fp32 here) as one line on stderr."""
+
+    def on_start(self, startup: dict[str, Any]) -> None:
+        import sys
+
+        if startup.get("precision_warning"):
+            print(f"warning: {startup['precision_warning']}", file=sys.stderr, flush=True)
 
 
 def _token_sources(

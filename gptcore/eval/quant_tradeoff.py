@@ -35,6 +35,7 @@ from gptcore.model.kv_cache import KVCache
 from gptcore.model.quantization import REFERENCE, quantized, unavailable, weight_bytes
 from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import peak_memory_bytes, reset_peak_memory
+from gptcore.runtime.precision_speed import PRECISIONS, measure_precision_speeds
 from gptcore.tools.markdown import cell, table
 
 OK = "ok"
@@ -70,6 +71,8 @@ class TradeoffRow:
     load_average: float | None = None  # the machine's over the two speeds' measurement (runtime.load)
     other_cpu_cores: float | None = None  # what other processes used meanwhile: 0 means measured alone
     peak_rss_bytes: int | None = None
+    # A 16-bit method this CPU emulates: the precision probe's ratios (gptcore.runtime.precision_speed).
+    emulated: str | None = None
 
     @property
     def measured(self) -> bool:
@@ -84,7 +87,7 @@ class TradeoffRow:
     def metrics(self) -> dict[str, float]:
         """The numeric figures, for MLflow (a skipped row has none); quality on a prefix of the test split
         as `prefix_test_*`, so `test_*` always means the whole split, as the evaluate stage's does."""
-        skip = {"method", "status"}
+        skip = {"method", "status", "emulated"}
         return {
             (f"prefix_{f.name}" if self.on_prefix and f.name in QUALITY else f.name): float(
                 getattr(self, f.name)
@@ -132,8 +135,17 @@ def measure_tradeoff(
             continue
         if method == REFERENCE:
             reference_greedy = greedy
+        row = replace(row, emulated=_emulated(method, device))
         rows.append(_against(row, rows[0] if rows else row, greedy, reference_greedy))
     return rows
+
+
+def _emulated(method: str, device: str) -> str | None:
+    """The probe's ratios where `method` is a 16-bit precision this device emulates, else None."""
+    if method not in PRECISIONS or device != "cpu":
+        return None
+    speed = measure_precision_speeds(device).of(method)
+    return speed.describe() if speed is not None and speed.emulated else None
 
 
 def _measure(
@@ -236,7 +248,8 @@ def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
             cells.append([row.method, row.status, *[""] * (len(TRADEOFF_HEADER) - 2)])
             continue
         cells.append([
-            row.method, cell(row.size_bytes / 1e6, ".2f"), cell(row.size_ratio, ".3f"),
+            f"{row.method} (emulated)" if row.emulated else row.method,
+            cell(row.size_bytes / 1e6, ".2f"), cell(row.size_ratio, ".3f"),
             cell(row.test_loss, ".4f"), cell(row.test_loss_delta, "+.4f"), cell(row.test_perplexity, ".2f"),
             cell(row.test_perplexity_change, "+.2%"), cell(row.test_bits_per_byte, ".4f"),
             cell(row.greedy_agreement, ".1%"), cell(row.generate_tokens_per_second, ".1f"),
@@ -255,6 +268,9 @@ def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
             "loss covers them all.",
             "",
         ]
+    for row in rows:
+        if row.emulated:  # its speed columns are this CPU's conversions, not the format's
+            lines += [f"{row.emulated}: its speed columns are this CPU's conversions, not the format's.", ""]
     return "\n".join([table(header, cells), "", *lines, f"Measured on: {described}."])
 
 

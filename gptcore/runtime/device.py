@@ -20,6 +20,11 @@ import torch
 from gptcore.config import ConcreteDevice, ConcretePrecision, DeviceDefaults, ModelProfile, RuntimeConfig
 from gptcore.errors import DeviceError, first_line
 from gptcore.runtime import malloc as host_memory
+from gptcore.runtime.precision_speed import (
+    PrecisionSpeeds,
+    measure_precision_speeds,
+    slower_than_fp32_warning,
+)
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,6 +49,8 @@ class Runtime:
     activation_checkpointing: bool
     cpu_threads: int
     precision_source: str  # "requested" or "profile default" or why auto chose it
+    # An explicit precision that trains slower than fp32 on this device, measured (precision_speed).
+    precision_warning: str | None
     host_allocator: str  # glibc malloc settings this process runs with (gptcore.runtime.malloc)
 
     @property
@@ -113,11 +120,15 @@ def _bf16_supported(device: str) -> bool:
 
 
 def resolve_precision(
-    requested: str, default: ConcretePrecision, device: str
+    requested: str,
+    default: ConcretePrecision,
+    device: str,
+    speeds: PrecisionSpeeds | None = None,
 ) -> tuple[ConcretePrecision, str]:
     """(precision, why). An explicit bf16 on a GPU without it is an error; a profile default of bf16
     there falls back to fp16 with gradient scaling on CUDA, to fp32 on MPS, and says so in
-    `precision_source`."""
+    `precision_source`. `auto` never takes a 16-bit default that trains slower than fp32 on this device
+    (`speeds`, the device's matmul probe; measured here when not given)."""
     if requested != "auto":
         if requested == "bf16" and not _bf16_supported(device):
             gpu = torch.cuda.get_device_name() if device == "cuda" else "MPS before macOS 14"
@@ -126,11 +137,21 @@ def resolve_precision(
                 "use --precision fp16 (mixed precision with gradient scaling) or --precision fp32"
             )
         return requested, "requested"  # type: ignore[return-value]
+    precision, source = default, "auto: profile default"
     if default == "bf16" and not _bf16_supported(device):
         if device == "mps":  # no gradient scaling is tried on MPS: its fp16 would need it
             return "fp32", "auto: profile default bf16 needs macOS 14 on MPS, fp32"
-        return "fp16", "auto: profile default bf16 is unsupported on this GPU, fp16 with gradient scaling"
-    return default, "auto: profile default"
+        precision = "fp16"
+        source = "auto: profile default bf16 is unsupported on this GPU, fp16 with gradient scaling"
+    if precision == "fp32":
+        return precision, source
+    speed = (speeds or measure_precision_speeds(device)).of(precision)
+    if speed is not None and speed.trains_slower:
+        return "fp32", (
+            f"auto: profile default {precision} trains at {speed.train_speedup:.2f}x fp32's speed on this "
+            f"{device} (measured), fp32"
+        )
+    return precision, source
 
 
 @cache
@@ -167,10 +188,17 @@ def resolve_compile(requested: bool | str, device: str) -> tuple[bool, str]:
     return False, f"auto: off on {device}, where compiling does not pay"
 
 
-def resolve_runtime(request: RuntimeConfig, defaults_for: DefaultsSource) -> Runtime:
+def resolve_runtime(
+    request: RuntimeConfig, defaults_for: DefaultsSource, speeds: PrecisionSpeeds | None = None
+) -> Runtime:
+    """The runtime `request` resolves to on this machine; `speeds`: the device stage's precision probe,
+    so a training decides `auto` as the stage did (measured here when not given and needed)."""
     device = resolve_device(request.device)
     defaults = _defaults(defaults_for, request, device)
-    precision, source = resolve_precision(request.precision, defaults.precision, device)
+    precision, source = resolve_precision(request.precision, defaults.precision, device, speeds)
+    warning = None
+    if source == "requested" and precision != "fp32":
+        warning = slower_than_fp32_warning(precision, speeds or measure_precision_speeds(device))
     compile_on, compile_source = resolve_compile(request.compile, device)
     tf32 = device == "cuda"
     return Runtime(
@@ -191,6 +219,7 @@ def resolve_runtime(request: RuntimeConfig, defaults_for: DefaultsSource) -> Run
         activation_checkpointing=request.activation_checkpointing,
         cpu_threads=torch.get_num_threads(),
         precision_source=source,
+        precision_warning=warning,
         host_allocator=host_memory.describe(),
     )
 
@@ -226,8 +255,9 @@ def processor_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_report(device: str = "auto") -> dict[str, Any]:
-    """The environment as facts: torch, CUDA, the device a run would take, what it supports."""
+def device_report(device: str = "auto", precision_speeds: bool = True) -> dict[str, Any]:
+    """The environment as facts: torch, CUDA, the device a run would take, what it supports, and (with
+    `precision_speeds`) what each 16-bit precision is worth there: the matmul probe's ratios to fp32."""
     resolved = resolve_device(device)
     cuda = torch.cuda.is_available()
     report: dict[str, Any] = {
@@ -255,4 +285,9 @@ def device_report(device: str = "auto") -> dict[str, Any]:
             gpu_compute_capability=f"{properties.major}.{properties.minor}",
             tf32_supported=properties.major >= 8,  # Ampere and later have TF32 tensor cores
         )
+    if precision_speeds:
+        speeds = measure_precision_speeds(resolved)
+        report["precision_speeds"] = speeds.to_dict()
+        report.update(speeds.figures())
+        report.update({f"{s.precision}_emulated": s.emulated for s in speeds.speeds})
     return report

@@ -52,6 +52,9 @@ SQUARE: tuple[Shape, ...] = ((2048, 2048, 2048),)
 # a large batch's full token count would allocate what the step itself may not have (batch 2048 x 1024
 # tokens against a 16k vocabulary: a 64 GiB product).
 PROBE_ROWS = 4096
+# And a product's work stops near here (4.3 GFLOP: about 50 ms in fp32 on this project's CPUs), so the
+# probe stays short where a precision is emulated at a few GFLOP/s; a roof is reached well before.
+PROBE_FLOPS = 2**32
 
 
 def model_matmul_shapes(config: ModelConfig, tokens: int) -> tuple[Shape, ...]:
@@ -61,12 +64,11 @@ def model_matmul_shapes(config: ModelConfig, tokens: int) -> tuple[Shape, ...]:
     the roof is what this library reaches on the shapes the model actually runs, not on one shape
     that may be unusually fast or slow here."""
     d, tokens = config.n_embd, min(tokens, PROBE_ROWS)
-    return (
-        (tokens, d, config.vocab_size),
-        (tokens, d, 4 * d),
-        (tokens, 4 * d, d),
-        (tokens, d, 3 * d),
-    )
+
+    def rows(k: int, n: int) -> int:
+        return min(tokens, max(64, PROBE_FLOPS // (2 * k * n)))
+
+    return tuple((rows(k, n), k, n) for k, n in ((d, config.vocab_size), (d, 4 * d), (4 * d, d), (d, 3 * d)))
 
 
 def _dtype(device: str, precision: str) -> torch.dtype:
@@ -76,8 +78,9 @@ def _dtype(device: str, precision: str) -> torch.dtype:
 
 
 def matmul_flops(device: str, precision: str, shape: Shape, seconds: float = 0.2, repeats: int = 3) -> float:
-    """The best FLOP/s of (m, k) @ (k, n) matmuls timed for about `seconds`, at least `repeats` times,
-    after one untimed warm-up. The best, since a shared machine only ever slows a matmul down."""
+    """The best FLOP/s of (m, k) @ (k, n) matmuls timed for about `seconds` after one untimed warm-up:
+    at least `repeats` times where that fits in `seconds`, else once. The best, since a shared machine
+    only ever slows a matmul down."""
     m, k, n = shape
     dtype = _dtype(device, precision)
     a = torch.randn(m, k, device=device, dtype=dtype)
@@ -86,7 +89,7 @@ def matmul_flops(device: str, precision: str, shape: Shape, seconds: float = 0.2
     best = float("inf")
     deadline = time.perf_counter() + seconds
     attempt = 0
-    while attempt < repeats or time.perf_counter() < deadline:
+    while time.perf_counter() < deadline or attempt < (repeats if best * repeats < seconds else 1):
         _synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
@@ -110,14 +113,23 @@ def peak_flops(
 ) -> tuple[float, str]:
     """(peak FLOP/s, where it comes from): the datasheet on known GPUs, else the best measured over
     `shapes` (the trainer passes the model's own, `model_matmul_shapes`: the roof its matmuls reach)."""
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-        key = precision if precision != "fp32" else ("tf32" if tf32 else "")
-        for family, peaks in GPU_PEAKS.items():
-            if family in name and key in peaks:
-                return peaks[key], f"{family} datasheet dense {key}"
+    known = datasheet_peak(device, precision, tf32)
+    if known is not None:
+        return known
     peak = measured_matmul_peak(device, precision, shapes, seconds)
     return peak, f"measured {precision} matmul on {device}, best of {len(shapes)} shapes"
+
+
+def datasheet_peak(device: str, precision: str, tf32: bool) -> tuple[float, str] | None:
+    """(peak FLOP/s, source) from the datasheet of a known GPU, else None."""
+    if device != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    key = precision if precision != "fp32" else ("tf32" if tf32 else "")
+    for family, peaks in GPU_PEAKS.items():
+        if family in name and key in peaks:
+            return peaks[key], f"{family} datasheet dense {key}"
+    return None
 
 
 def _synchronize(device: str) -> None:
@@ -199,13 +211,22 @@ class RunMeasures:
         runtime: Runtime,
         memory: StepMemory,
         world_size: int = 1,
+        measure_peak: bool = True,
     ) -> RunMeasures:
-        """Measured for `model` (a GPT) at the runtime's batch; the CPU peak takes about 0.1 s to measure."""
+        """Measured for `model` (a GPT) at the runtime's batch; the CPU peak takes about 0.1 s per shape
+        to measure. Without `measure_peak` (a dry run, which trains nothing to judge) nothing is
+        multiplied: the peak is the datasheet's where the GPU is known, else 0 and says so."""
         config = model.config
         shapes = model_matmul_shapes(config, runtime.batch_size * config.block_size)
-        peak, source = peak_flops(
-            runtime.device, runtime.precision, runtime.tf32_enabled, shapes, seconds=0.1
-        )
+        if measure_peak:
+            peak, source = peak_flops(
+                runtime.device, runtime.precision, runtime.tf32_enabled, shapes, seconds=0.1
+            )
+        else:
+            peak, source = datasheet_peak(runtime.device, runtime.precision, runtime.tf32_enabled) or (
+                0.0,
+                "not measured: a dry run multiplies nothing",
+            )
         if world_size > 1:
             peak, source = peak * world_size, f"{source} x {world_size} ranks"
         return cls(

@@ -22,6 +22,7 @@ from gptcore.data.tokenfile import TokenStream
 from gptcore.errors import ConfigError
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.runtime.device import DefaultsSource
+from gptcore.runtime.precision_speed import PrecisionSpeeds
 
 TokenSource = Path | TokenStream
 FALLBACK_DEFAULTS = DeviceDefaults(batch_size=8)  # a job that names no profile and no device defaults
@@ -52,6 +53,8 @@ class TrainJob:
     follows: TrainingConfig | None = None
     follows_world_size: int | None = None  # the ranks the run it follows trains on; None: this run's
     batch: BatchChoice | None = None  # a batch decided before (the smoke stage's `auto`); None: decide
+    # The device stage's precision probe, so `precision: auto` decides as that stage did; None: measure.
+    precision_speeds: PrecisionSpeeds | None = None
     # Fine-tuning: the trained model's weights the run starts from (model files: gptcore.finetune.start),
     # and the low-rank adapters it trains on them instead of every weight.
     init_weights: Path | None = None

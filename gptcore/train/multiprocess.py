@@ -29,6 +29,7 @@ from gptcore.config import (
 from gptcore.data.tokenfile import TokenStream, open_tokens
 from gptcore.errors import GptpipeError
 from gptcore.runtime.batch_size import BatchChoice
+from gptcore.runtime.precision_speed import PrecisionSpeeds
 from gptcore.train.callbacks import CallbackList, TrainingCallback
 from gptcore.train.job import TrainJob
 
@@ -78,6 +79,7 @@ def save_job(job: TrainJob, folder: Path) -> Path:
         "follows": _section(job.follows),
         "follows_world_size": job.follows_world_size,
         "batch": asdict(job.batch) if job.batch else None,
+        "precision_speeds": job.precision_speeds.to_dict() if job.precision_speeds else None,
         "train_tokens": _source(job.train_tokens, folder, "train"),
         "validation_tokens": _source(job.validation_tokens, folder, "validation"),
         "checkpoint_directory": str(job.checkpoint_directory) if job.checkpoint_directory else None,
@@ -111,6 +113,7 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
         follows=_load_section(data["follows"]),
         follows_world_size=data["follows_world_size"],
         batch=BatchChoice(**data["batch"]) if data.get("batch") else None,
+        precision_speeds=PrecisionSpeeds.from_record(data.get("precision_speeds")),
         train_tokens=_load_source(data["train_tokens"]),
         validation_tokens=_load_source(data["validation_tokens"]),
         checkpoint_directory=Path(directory) if directory else None,

@@ -93,6 +93,7 @@ class StartupRecord(Record):
     activation_checkpointing: bool = param()
     cpu_threads: int = context()
     precision_source: str = context()
+    precision_warning: str | None = context()  # an explicit precision that trains slower than fp32 here
     host_allocator: str = context()
     # The plan.
     sequence_length: int = param()

@@ -22,7 +22,7 @@ Trainer = Any  # gptcore.train.trainer.Trainer, which imports this module: named
 def startup_record(trainer: Trainer) -> StartupRecord:
     """What the run trains with, before its first step."""
     job, steps, measures = trainer.job, trainer.planned_steps, trainer.measures
-    device = device_report(trainer.runtime.device)
+    device = device_report(trainer.runtime.device, precision_speeds=False)
     machine = ("processor", "gpu_name", "gpu_memory_bytes", "torch_version", "cuda_available")
     directory, resumed = job.checkpoint_directory, trainer.resumed_from
     return StartupRecord(

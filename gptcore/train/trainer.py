@@ -80,7 +80,7 @@ class Trainer:
     def __init__(self, job: TrainJob, events: TrainingCallback) -> None:
         self.job, self.events, self.training = job, events, job.training
         t = job.training
-        runtime = apply_runtime(resolve_runtime(job.runtime, job.defaults()))
+        runtime = apply_runtime(resolve_runtime(job.runtime, job.defaults(), job.precision_speeds))
         seed_everything(t.seed)
         self.memory = TrainingMemory.before_model(runtime.device)
         self.model = GPT(job.model)
@@ -124,7 +124,9 @@ class Trainer:
         self.tokens_per_step = self.plan.global_batch * job.model.block_size
         self.meter = Throughput(self.tokens_per_step)
         self.machine_load: MachineLoad | None = None  # from the first step on
-        self.measures = RunMeasures.of(self.model, self.runtime, self.step_memory, job.world_size)
+        self.measures = RunMeasures.of(
+            self.model, self.runtime, self.step_memory, job.world_size, measure_peak=not job.dry_run
+        )
 
     # --- the run ----------------------------------------------------------------------------------
 

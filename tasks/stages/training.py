@@ -165,6 +165,7 @@ def _train(
     events replayed into `callbacks` here), holding the device's slot (`tasks.device_slot`); the trainer
     writes checkpoints into `directory`."""
     from gptcore.runtime.batch_size import BatchChoice
+    from gptcore.runtime.precision_speed import PrecisionSpeeds
     from gptcore.train.callbacks import CallbackList
     from gptcore.train.job import TrainJob
     from gptcore.train.progress_bar import ProgressBar, wants_progress_bar
@@ -183,6 +184,7 @@ def _train(
         extra_fingerprint={"tokens": tokens.fingerprint},
         metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
         batch=BatchChoice(**batch) if batch else None,
+        precision_speeds=PrecisionSpeeds.from_record(device.device.get("precision_speeds")),
     )
     if wants_progress_bar():
         callbacks = [*callbacks, ProgressBar(f"{stage} iteration {params.iteration}")]
