@@ -283,3 +283,14 @@ def test_mps_takes_the_profiles_gpu_defaults_and_bf16_only_from_macos_14(
     assert older.precision == "fp32" and "macOS 14" in older.precision_source
     with pytest.raises(DeviceError, match="--precision bf16: this GPU \\(MPS before macOS 14\\)"):
         rt.resolve_runtime(RuntimeConfig(device="mps", precision="bf16"), PROFILE)
+
+
+def test_the_peak_probes_products_stay_bounded_whatever_the_batch() -> None:
+    from gptcore.runtime.flops import PROBE_FLOPS, model_matmul_shapes
+
+    big = load_profile("gpt_100m").architecture
+    shapes = model_matmul_shapes(big, 2048 * big.block_size)  # the dry-run test's batch: 2M tokens
+    assert all(2 * m * k * n <= PROBE_FLOPS for m, k, n in shapes)
+    assert shapes[0] == (682, 768, 16384)  # the head: its rows cut, its vocabulary whole
+    first = PROFILE.architecture
+    assert model_matmul_shapes(first, 8 * first.block_size)[0] == (2048, 256, 8192)  # iteration 1's whole

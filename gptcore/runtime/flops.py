@@ -52,9 +52,10 @@ SQUARE: tuple[Shape, ...] = ((2048, 2048, 2048),)
 # a large batch's full token count would allocate what the step itself may not have (batch 2048 x 1024
 # tokens against a 16k vocabulary: a 64 GiB product).
 PROBE_ROWS = 4096
-# And a product's work stops near here (4.3 GFLOP: about 50 ms in fp32 on this project's CPUs), so the
-# probe stays short where a precision is emulated at a few GFLOP/s; a roof is reached well before.
-PROBE_FLOPS = 2**32
+# And a product's work stops near here (17 GFLOP: about 0.2 s in fp32 on this project's CPUs; iteration
+# 1's shapes stay whole), so the probe stays seconds, not minutes, where a precision is emulated at a few
+# GFLOP/s (gpt_100m's head at 4096 rows was 103 GFLOP a product).
+PROBE_FLOPS = 2**34
 
 
 def model_matmul_shapes(config: ModelConfig, tokens: int) -> tuple[Shape, ...]:
