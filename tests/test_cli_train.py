@@ -243,6 +243,7 @@ def test_a_missing_dependency_is_one_line_naming_the_package_and_the_way_around(
     )
 
 
+@pytest.mark.slow
 def test_training_without_tracking_needs_neither_mlflow_nor_prefect(tmp_path: Path) -> None:
     args = ["train", "--params", str(_params(tmp_path)), "--synthetic", "--max-steps", "2", "--no-track"]
     result = _without("mlflow,prefect,datasets", *args, "--checkpoint-directory", str(tmp_path / "run"))
@@ -276,6 +277,7 @@ def _on_a_terminal(*args: str) -> tuple[int, str]:
     return process.wait(timeout=120), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_a_progress_bar_and_the_summary_and_json_gets_every_line(tmp_path: Path) -> None:
     args = ["train", "--params", str(_params(tmp_path)), "--synthetic", "--max-steps", "6", "--no-track"]
     code, shown = _on_a_terminal(*args, "--checkpoint-directory", str(tmp_path / "bar"))

@@ -42,6 +42,7 @@ def hold_at_once(envs: list[dict[str, str]], device: str) -> tuple[list[list[flo
     return held, [x["said"] for out in lines for x in out if "said" in x]
 
 
+@pytest.mark.slow
 def test_two_trainings_on_one_device_take_turns(prefect_env: dict[str, str]) -> None:
     (first, second), said = hold_at_once([prefect_env, prefect_env], "slot-test")
     assert second[0] >= first[1] - 0.05  # the second held the slot only once the first let it go

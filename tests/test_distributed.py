@@ -161,6 +161,7 @@ OVERFLOW_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_fp16_overflow_check_agrees_across_ranks():
     """Rank 1's gradient overflows, rank 0's does not: both skip the step and back off the scale."""
     port = _free_port()

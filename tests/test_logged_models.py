@@ -105,6 +105,7 @@ def test_gptpipe_generate_takes_a_model_uri_beside_a_checkpoint_directory(
     assert "give --checkpoint-directory DIR or --model URI" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_gptpipe_serve_answers_completions_and_bad_requests_and_stops_with_its_tree(trained) -> None:
     import json
     import os

@@ -575,6 +575,7 @@ def test_gptpipe_train_stops_before_training_when_the_tracking_server_is_unreach
     assert main([*train_args(path, directory), "--no-track"]) == 0  # the opt-out trains without MLflow
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_sqlite_store_at_once_all_open_it(tmp_path: Path) -> None:
     import os
     import subprocess
