@@ -21,6 +21,7 @@ import numpy as np
 from gptcore.config import (
     DeviceDefaults,
     FullTrainingConfig,
+    LoRAConfig,
     ModelConfig,
     RuntimeConfig,
     SmokeConfig,
@@ -89,6 +90,9 @@ def save_job(job: TrainJob, folder: Path) -> Path:
         "tokenizer": str(job.tokenizer) if job.tokenizer else None,
         "extra_fingerprint": job.extra_fingerprint,
         "metadata": job.metadata,
+        # A fine-tune's start: every rank loads the same weights and puts the same adapters on them.
+        "init_weights": str(job.init_weights) if job.init_weights else None,
+        "lora": job.lora.model_dump(mode="json") if job.lora else None,
     }
     path = folder / "job.json"
     path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
@@ -123,6 +127,8 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
         tokenizer=Path(data["tokenizer"]) if data["tokenizer"] else None,
         extra_fingerprint=data["extra_fingerprint"],
         metadata=data["metadata"],
+        init_weights=Path(data["init_weights"]) if data.get("init_weights") else None,
+        lora=LoRAConfig.model_validate(data["lora"]) if data.get("lora") else None,
         world_size=world_size,
         rank=rank,
     )
