@@ -18,13 +18,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with the most slow tests first: `make test` hands whole modules to its workers
-    (pytest-xdist, --dist loadfile: a module-scoped fixture, a trained model or a server, is built once),
-    and a long module started last would run on alone."""
+    """Modules that mostly wait on a clock first (`waits`: a lease running out costs a minute of nobody's
+    CPU, so it overlaps the others' work when it starts early, and is all tail when it starts late),
+    then those with the most slow tests: `make test` hands whole modules to its workers (pytest-xdist,
+    --dist loadfile: a module-scoped fixture, a trained model or a server, is built once), and a long
+    module started last would run on alone."""
     slow: dict[str, int] = {}
+    waits: set[str] = set()
     for item in items:
-        slow[item.module.__name__] = slow.get(item.module.__name__, 0) + bool(item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.module.__name__])
+        module = item.module.__name__
+        slow[module] = slow.get(module, 0) + bool(item.get_closest_marker("slow"))
+        if item.get_closest_marker("waits"):
+            waits.add(module)
+    items.sort(key=lambda item: (item.module.__name__ not in waits, -slow[item.module.__name__]))
 
 
 @pytest.fixture(autouse=True)

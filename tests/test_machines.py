@@ -159,6 +159,7 @@ def test_two_machines_hold_their_slots_at_once_and_one_machines_processes_take_t
         print(f"{name}: held from {span[0]:.2f} s to {span[1]:.2f} s")
 
 
+@pytest.mark.waits  # a minute for Prefect's lease to run out
 @pytest.mark.timeout(LEASE_SECONDS * 5)
 def test_a_holder_killed_with_kill_9_gives_its_slot_back_when_the_lease_runs_out(
     machines: dict[str, Machine], tmp_path: Path
