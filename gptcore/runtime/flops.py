@@ -20,6 +20,7 @@ import torch
 from gptcore.config import ModelConfig
 from gptcore.runtime.device import Runtime
 from gptcore.runtime.memory import StepMemory
+from gptcore.runtime.precision_speed import synchronize
 
 FLOP_FORMULA = (
     "6*N_matmul - 2*N_frozen + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT; "
@@ -91,10 +92,10 @@ def matmul_flops(device: str, precision: str, shape: Shape, seconds: float = 0.2
     deadline = time.perf_counter() + seconds
     attempt = 0
     while time.perf_counter() < deadline or attempt < (repeats if best * repeats < seconds else 1):
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
-        _synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
         attempt += 1
     return 2 * m * k * n / best
@@ -131,13 +132,6 @@ def datasheet_peak(device: str, precision: str, tf32: bool) -> tuple[float, str]
         if family in name and key in peaks:
             return peaks[key], f"{family} datasheet dense {key}"
     return None
-
-
-def _synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elif device == "mps":
-        torch.mps.synchronize()
 
 
 @dataclass

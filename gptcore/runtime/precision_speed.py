@@ -149,14 +149,15 @@ def _flops(device: str, precision: str, shape: Shape, seconds: float = SECONDS) 
 
 
 def _timed(device: str, a: torch.Tensor, b: torch.Tensor) -> float:
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     torch.nn.functional.linear(a, b)
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
-def _synchronize(device: str) -> None:
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work, so a clock around it measures the work itself."""
     if device == "cuda":
         torch.cuda.synchronize()
     elif device == "mps":
