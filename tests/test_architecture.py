@@ -145,3 +145,38 @@ def test_a_flow_imports_no_command_line_module() -> None:
 def test_gptcore_errors_name_no_upper_layer_not_even_in_a_string() -> None:
     text = (ROOT / "gptcore" / "errors.py").read_text(encoding="utf-8")
     assert re.findall(r"\b(?:tasks|flows|prefect|mlflow)\b", text, re.IGNORECASE) == []
+
+
+def test_no_name_stands_for_a_class_as_any() -> None:
+    """`Trainer = Any` hid an import the graph above cannot see: a class a module reads is imported, or
+    described by a Protocol of what is read."""
+    aliases = [
+        f"{name}: {target.id} = Any"
+        for name, path in SOURCES.items()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id == "Any"
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    ]
+    assert aliases == []
+
+
+# gptcore's rooms, lowest first (docs/architecture.md's table): a room imports only rooms before it.
+ROOMS = [
+    "gptcore.tools", "gptcore.model", "gptcore.distributed", "gptcore.runtime", "gptcore.data",
+    "gptcore.export", "gptcore.finetune", "gptcore.checkpoint", "gptcore.train", "gptcore.eval",
+]  # fmt: skip
+
+
+def test_a_room_names_no_module_above_it_in_a_string() -> None:
+    """A module named in a string (`python -m <module>`) is an import the graph cannot see: no room
+    names a module of a room above it even there."""
+    upward = [
+        f"{name} names {node.value!r}"
+        for name, path in SOURCES.items()
+        if room(name) in ROOMS
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in SOURCES and room(node.value) in ROOMS
+        if ROOMS.index(room(node.value)) > ROOMS.index(room(name))
+    ]
+    assert upward == []

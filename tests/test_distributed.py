@@ -186,7 +186,7 @@ def test_the_fp16_overflow_check_agrees_across_ranks():
 
 
 def test_one_node_launch_is_standalone_and_several_nodes_name_the_rendezvous():
-    one = torchrun_command(LaunchSpec(2), ["job.json"], python="py")
+    one = torchrun_command(LaunchSpec(2), "gptcore.train.multiprocess", ["job.json"], python="py")
     launcher = ["py", "-m", "gptcore.distributed.torchrun", "--nproc-per-node", "2", "--standalone"]
     assert one == [*launcher, "-m", "gptcore.train.multiprocess", "job.json"]
     spec = LaunchSpec(1, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", rdzv_id="job7")

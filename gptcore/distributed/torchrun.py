@@ -1,11 +1,11 @@
 """Launching training under torchrun, as a watched subprocess.
 
 `torchrun_command` builds the command: `python -m gptcore.distributed.torchrun <torchrun flags>
--m gptcore.train.multiprocess JOB.json`. This module run as a module is torchrun itself
-(`torch.distributed.run`) with two differences: it exits with the exit code of the first rank that failed
-(torchrun exits 1 whatever the rank did; a rank killed by a signal gives 128 + the signal, as shells do),
-and it stops its ranks when the process that launched it dies. `gptcore.tools.processes` runs it and
-stops torchrun and every rank together.
+-m <rank module> <its arguments>` (the training's: `gptcore.train.multiprocess JOB.json`). This
+module run as a module is torchrun itself (`torch.distributed.run`) with two differences: it exits with
+the exit code of the first rank that failed (torchrun exits 1 whatever the rank did; a rank killed by
+a signal gives 128 + the signal, as shells do), and it stops its ranks when the process that launched
+it dies. `gptcore.tools.processes` runs it and stops torchrun and every rank together.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Literal
 from gptcore.errors import ConfigError
 from gptcore.tools.processes import LAUNCHER_PID_VARIABLE, die_with_parent
 
-RANK_MODULE = "gptcore.train.multiprocess"  # each rank rebuilds the saved job
 RDZV_BACKENDS = ("c10d", "static")
 
 
@@ -102,9 +101,10 @@ def worker_threads(nproc_per_node: int) -> int:
 
 
 def torchrun_command(
-    spec: LaunchSpec, train_args: Sequence[str], module: str = RANK_MODULE, python: str | None = None
+    spec: LaunchSpec, module: str, train_args: Sequence[str], python: str | None = None
 ) -> list[str]:
-    """The command that runs `python -m <module> <train_args>` once per rank under torchrun."""
+    """The command that runs `python -m <module> <train_args>` once per rank under torchrun; the caller
+    names its rank module (`gptcore.train.multiprocess` names itself), so this room names none above it."""
     return [
         python or sys.executable,
         "-m",

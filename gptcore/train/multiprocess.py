@@ -34,6 +34,7 @@ from gptcore.runtime.precision_speed import PrecisionSpeeds
 from gptcore.train.callbacks import CallbackList, TrainingCallback
 from gptcore.train.job import TrainJob
 
+RANK_MODULE = "gptcore.train.multiprocess"  # this module: torchrun runs it once per rank
 _SECTIONS = {cls.__name__: cls for cls in (TrainingConfig, SmokeConfig, FullTrainingConfig)}
 
 
@@ -149,7 +150,7 @@ def launch_job(
     events = CallbackList(callbacks)
     replay = JsonLinesReplay(events, on_text=on_text)
     with tempfile.TemporaryDirectory(prefix="gptpipe-job-") as folder:
-        command = torchrun_command(spec, [str(save_job(job, Path(folder)))])
+        command = torchrun_command(spec, RANK_MODULE, [str(save_job(job, Path(folder)))])
         code = run_process_tree(command, replay, env=launch_environment(spec))
     if code != 0 and replay.failure is None:
         replay.failure = f"training on several processes failed with exit code {code}"

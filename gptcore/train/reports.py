@@ -5,18 +5,59 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
 
 from gptcore.checkpoint.files import state_bytes
+from gptcore.checkpoint.manager import Checkpointer
+from gptcore.config import TrainingConfig
+from gptcore.data.batches import ExampleSet, StepPlan
 from gptcore.finetune.lora import trainable_parameters
+from gptcore.model.gpt import GPT
 from gptcore.runtime.attention import attention_backend
-from gptcore.runtime.device import device_report
-from gptcore.runtime.flops import FLOP_FORMULA
-from gptcore.runtime.memory import peak_memory_bytes
+from gptcore.runtime.batch_size import BatchChoice
+from gptcore.runtime.device import Runtime, device_report
+from gptcore.runtime.flops import FLOP_FORMULA, RunMeasures, Throughput
+from gptcore.runtime.load import MachineLoad
+from gptcore.runtime.memory import TrainingMemory, peak_memory_bytes
 from gptcore.train.compile import compiled_graphs
+from gptcore.train.job import TrainJob
 from gptcore.train.records import StartupRecord, SummaryRecord
+from gptcore.train.schedule import WarmupCosine
+from gptcore.train.state import TrainState
+from gptcore.train.validate import Evaluator
 
-Trainer = Any  # gptcore.train.trainer.Trainer, which imports this module: named here, not imported
+
+class Trainer(Protocol):
+    """What the records read of a run: the components `gptcore.train.trainer.Trainer` holds (that module
+    imports this one, so the records name the parts they read instead of importing the class)."""
+
+    job: TrainJob
+    training: TrainingConfig
+    runtime: Runtime
+    model: GPT
+    batch: BatchChoice
+    plan: StepPlan
+    train_set: ExampleSet | None
+    val_set: ExampleSet | None
+    planned_steps: int | None
+    schedule: WarmupCosine
+    state: TrainState
+    measures: RunMeasures
+    meter: Throughput
+    machine_load: MachineLoad | None
+    memory: TrainingMemory
+    evaluator: Evaluator
+    checkpointer: Checkpointer
+    optimizer: torch.optim.Optimizer
+    fingerprint: str
+    tokens_per_step: int
+    compile_seconds: float | None
+    graphs_at_start: int
+    resumed_from: Path | None
+    last_train_loss: float | None
 
 
 def startup_record(trainer: Trainer) -> StartupRecord:
