@@ -8,6 +8,7 @@ inside the commands only. Progress comes out as JSON lines on stdout (see `gptco
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,6 @@ class WarningLines(TrainingCallback):
     """What the start-up record warns of (a precision slower than fp32 here) as one line on stderr."""
 
     def on_start(self, startup: dict[str, Any]) -> None:
-        import sys
-
         if startup.get("precision_warning"):
             print(f"warning: {startup['precision_warning']}", file=sys.stderr, flush=True)
 
@@ -258,8 +257,6 @@ def train_launched(
     """The training on `spec`'s processes under torchrun (`gptcore.train.multiprocess`): JSON lines and the
     MLflow run
     stay in this process, fed by rank 0's events. Returns the first failing rank's exit code, or 0."""
-    import sys
-
     from gptcore.train.job import TrainJob
     from gptcore.train.multiprocess import launch_job
     from tasks.tracking import open_training_run, training_metadata

@@ -21,12 +21,11 @@ from gptcore.config import ConcreteDevice, ConcretePrecision, DeviceDefaults, Mo
 from gptcore.errors import DeviceError, first_line
 from gptcore.runtime import malloc as host_memory
 from gptcore.runtime.precision_speed import (
+    DTYPES,
     PrecisionSpeeds,
     measure_precision_speeds,
     slower_than_fp32_warning,
 )
-
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -197,7 +196,7 @@ def resolve_runtime(
     defaults = _defaults(defaults_for, request, device)
     precision, source = resolve_precision(request.precision, defaults.precision, device, speeds)
     warning = None
-    if source == "requested" and precision != "fp32":
+    if request.precision != "auto" and precision != "fp32":  # asked for by name: kept, warned of
         warning = slower_than_fp32_warning(precision, speeds or measure_precision_speeds(device))
     compile_on, compile_source = resolve_compile(request.compile, device)
     tf32 = device == "cuda"

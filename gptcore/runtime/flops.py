@@ -20,7 +20,7 @@ import torch
 from gptcore.config import ModelConfig
 from gptcore.runtime.device import Runtime
 from gptcore.runtime.memory import StepMemory
-from gptcore.runtime.precision_speed import synchronize
+from gptcore.runtime.precision_speed import DTYPES, synchronize
 
 FLOP_FORMULA = (
     "6*N_matmul - 2*N_frozen + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT; "
@@ -76,7 +76,7 @@ def model_matmul_shapes(config: ModelConfig, tokens: int) -> tuple[Shape, ...]:
 def _dtype(device: str, precision: str) -> torch.dtype:
     if device == "cpu" and precision == "fp16":
         return torch.bfloat16  # fp16 autocast on CPU runs its matmuls no faster than bf16's roof
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return DTYPES[precision]
 
 
 def matmul_flops(device: str, precision: str, shape: Shape, seconds: float = 0.2, repeats: int = 3) -> float:

@@ -34,7 +34,7 @@ SHAPES: dict[str, tuple[Shape, Shape]] = {
 }
 SECONDS = 0.02  # per shape and precision, after one untimed run
 PRECISIONS = ("bf16", "fp16")  # the 16-bit types measured against fp32
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # The CPU instructions that compute a 16-bit type natively (Linux /proc/cpuinfo flags).
 NATIVE_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
 
