@@ -28,12 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 def measure(profile: str, steps: int, background: bool) -> dict:
     """One run in this process: the stall of each periodic save and the run's figures."""
     from gptcore.checkpoint.files import manager as checkpointer
-    from gptcore.config import RuntimeConfig, TrainingConfig, load_profile
     from gptcore.data.synthetic import synthetic_stream
+    from gptcore.runtime.config import RuntimeConfig
     from gptcore.runtime.malloc import tune_malloc
     from gptcore.train.callbacks import TrainingCallback
+    from gptcore.train.config import TrainingConfig
     from gptcore.train.job import TrainJob
     from gptcore.train.trainer import train
+    from tasks.params.loading import load_profile
 
     tune_malloc()  # as `gptpipe` runs
     stalls: list[tuple[str, float]] = []

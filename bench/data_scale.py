@@ -32,8 +32,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from gptcore.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.build import build_token_files
+from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenizer import read_tokenizer_manifest, train_tokenizer
 

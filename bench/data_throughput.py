@@ -23,8 +23,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gptcore.config import CorpusConfig, TokenizerConfig
 from gptcore.data.build import build_token_files
+from gptcore.data.config import CorpusConfig, TokenizerConfig
 from gptcore.data.corpus import open_corpus
 from gptcore.data.documents import split_documents
 from gptcore.data.encoders import make_encoder, workers

@@ -32,11 +32,11 @@ def measure(profile: str, new_tokens: int, mode: str, threads: int) -> dict:
     """One profile in one mode, in this process."""
     import torch
 
-    from gptcore.config import load_profile
     from gptcore.generate import sample
     from gptcore.model.gpt import GPT
     from gptcore.model.kv_cache import KVCache
     from gptcore.runtime.memory import peak_memory_bytes
+    from tasks.params.loading import load_profile
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -242,7 +242,7 @@ def targets(results: dict[str, Any]) -> list[str]:
 def run_estimate(smoke: dict[str, Any], full: dict[str, Any]) -> Any:
     """The smoke stage's estimate (gptcore.train.estimate.RunTimeEstimate) of `full`'s run, priced by
     `smoke`'s figures, its plan counted from `full`'s settings; None without both."""
-    from gptcore.config import TrainingConfig
+    from gptcore.train.config import TrainingConfig
     from gptcore.train.estimate import RunPlan, estimate_run
 
     if not full.get("steps") or full.get("eval_every") is None:

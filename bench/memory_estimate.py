@@ -25,12 +25,14 @@ TOLERANCE = 0.25
 
 def measure(profile: str, batch: int, precision: str, checkpointing: bool, steps: int) -> dict:
     """One case, in this process: the trainer's summary figures."""
-    from gptcore.config import RuntimeConfig, TrainingConfig, load_profile
     from gptcore.data.synthetic import synthetic_stream
+    from gptcore.runtime.config import RuntimeConfig
     from gptcore.runtime.malloc import tune_malloc
     from gptcore.train.callbacks import TrainingCallback
+    from gptcore.train.config import TrainingConfig
     from gptcore.train.job import TrainJob
     from gptcore.train.trainer import train
+    from tasks.params.loading import load_profile
 
     tune_malloc()  # as `gptpipe` runs
     config = load_profile(profile).architecture

@@ -19,9 +19,10 @@ import argparse
 import json
 from pathlib import Path
 
-from gptcore.config import EvaluateConfig, QuantizeConfig, load_profile
 from gptcore.errors import first_line
+from gptcore.eval.config import EvaluateConfig, QuantizeConfig
 from gptcore.model.quantization import METHODS, cpu_features, quantized
+from tasks.params.loading import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,11 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrackingConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
+from tasks.params.schema import TrackingConfig
 from tasks.tracking import TrackingSession
 
 MODEL = ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=2048)

@@ -41,13 +41,16 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().pa
 
 import torch
 
-from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig, load_profile
 from gptcore.data.synthetic import synthetic_stream
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
+from gptcore.runtime.config import RuntimeConfig
 from gptcore.runtime.flops import FLOP_FORMULA, SQUARE, Shape, flops_per_token, model_matmul_shapes
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
+from tasks.params.loading import load_profile
 
 BATCH = 8
 WARMUP_STEPS = 2  # allocator growth, kernel selection, compilation

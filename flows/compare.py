@@ -15,16 +15,9 @@ from typing import Any
 from prefect import flow
 
 from gptcore.errors import ConfigError, first_line
-from gptcore.eval.comparison import (
-    Limits,
-    compare_records,
-    inference_rows,
-    inference_side,
-    plan_comparison,
-    print_comparison,
-    train_side,
-)
+from gptcore.eval.comparison import Limits, compare_records, inference_side, print_comparison
 from gptcore.train.records import table_columns
+from tasks.comparison import inference_rows, plan_comparison, train_side
 
 
 def compare_runs(
@@ -71,7 +64,6 @@ def run_comparison(
     """Train both sides with identical controls, record them in MLflow, compare them from the record."""
     import torch
 
-    from gptcore.train.records import profile_params
     from tasks.tracking import TrackingSession
 
     session = session or TrackingSession.open(params.tracking)  # unreachable store: stop before training
@@ -93,7 +85,7 @@ def run_comparison(
                 side.name,
                 parent_run_id=parent,
                 tags={"kind": "comparison", "compare.axis": plan.axis},
-                params={**profile_params(params), **plan.data_params},
+                params={**params.model.as_params(), **plan.data_params},
             )
             train_side(params, plan, side, callback, scratch / "model" if side == kept else None)
             run_ids.append(callback.run_id)
@@ -131,7 +123,7 @@ def compare(
     tokenizer: str | None = None,
 ) -> dict[str, Any]:
     """Two bounded training runs differing in one axis, recorded in MLflow and compared."""
-    from gptcore.config import load_params
+    from tasks.params.loading import load_params
 
     params = load_params(params_path, list(overrides or []))
     limits = Limits(max_steps, training_examples, validation_examples)

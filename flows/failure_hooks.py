@@ -67,7 +67,7 @@ def describe_failure(
 
 def _latest_checkpoint(params_path: str, overrides: list[str]) -> Path | None:
     from gptcore.checkpoint.files import latest_checkpoint
-    from gptcore.config import load_params
+    from tasks.params.loading import load_params
 
     params = load_params(params_path, overrides)
     runs = Path(params.paths.checkpoint_root).resolve().glob(f"iteration-{params.iteration}-full-*")
@@ -100,7 +100,7 @@ def _publish(failure: Failure, flow_run: Any) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactCreate
 
-    from gptcore.config import load_params
+    from tasks.params.loading import load_params
     from tasks.tracking import TrackingSession
 
     # The hook runs after the flow run's context is gone: the artifact names its flow run itself (through

@@ -21,10 +21,11 @@ from flows.failure_hooks import record_failure
 from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
 from flows.trials import TableRun
-from gptcore.config import FINETUNE_STAGES, PipelineParams, choice, load_params
 from gptcore.errors import first_line
 from gptcore.tools.markdown import cell, table
 from tasks import pipeline as stages
+from tasks.params.loading import choice, load_params
+from tasks.params.schema import FINETUNE_STAGES, PipelineParams
 from tasks.stages.finetune import finetune_section
 from tasks.tracking import PipelineRecorder
 from tasks.tracking.models.registry import registered_name

@@ -15,8 +15,9 @@ from prefect.runtime import flow_run
 from flows.failure_hooks import record_failure
 from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
-from gptcore.config import STAGES, choice, load_params
 from tasks import pipeline as stages
+from tasks.params.loading import choice, load_params
+from tasks.params.schema import STAGES
 from tasks.tracking import PipelineRecorder
 
 DEFAULT_PARAMS = "params/iteration_1.yaml"

@@ -12,10 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gptcore.config import STAGES
 from gptcore.errors import first_line
 from gptcore.tools.markdown import cell, table
 from tasks.caching import StageOutcome
+from tasks.params.schema import STAGES
 
 log = logging.getLogger(__name__)
 

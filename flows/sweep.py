@@ -1,4 +1,4 @@
-"""The `sweep` flow: trials of the pipeline over a grid or a random search (`gptcore.sweep`), recorded
+"""The `sweep` flow: trials of the pipeline over a grid or a random search (`tasks.params.sweep`), recorded
 under one MLflow run.
 
 The data stages run once first (`end_to_end` up to the device check); each trial is then `gptpipe run
@@ -22,7 +22,7 @@ from typing import Any
 from prefect import flow
 
 from flows.trials import TableRun, TrialResult, run_trial, sweep_table
-from gptcore.sweep import Trial
+from tasks.params.sweep import Trial
 
 TABLE_ARTIFACT = "sweep.json"
 
@@ -42,8 +42,8 @@ def sweep(
     runs of a deployment on `work_pool` (`flows.sweep_pool`)."""
     from flows.pipeline import end_to_end
     from flows.prefect_env import hide_user_error_tracebacks
-    from gptcore.config import load_params
-    from gptcore.sweep import expand, validate_trials, with_options
+    from tasks.params.loading import load_params
+    from tasks.params.sweep import expand, validate_trials, with_options
 
     hide_user_error_tracebacks()
     base = list(overrides or [])

@@ -18,7 +18,7 @@ from typing import Any
 
 from flows.trials import TrialResult
 from gptcore.errors import first_line
-from gptcore.sweep import Trial
+from tasks.params.sweep import Trial
 
 DEPLOYMENT = "sweep-trial"
 POLL_SECONDS = 2.0

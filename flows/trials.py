@@ -4,17 +4,19 @@ The sweep flow (`flows.sweep`) runs them here, or on a work pool's workers (`flo
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from flows.report import headline_figures
-from gptcore.sweep import Trial
+from gptcore.errors import ConfigError
 from gptcore.tools.markdown import table
+from tasks.params.sweep import Trial
 
-GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"]
 FIGURES = ("test_bits_per_byte", "final_val_loss", "tokens_per_second")  # the table's columns
 
 
@@ -37,6 +39,19 @@ class TrialResult:
         }
 
 
+def gptpipe_program() -> str:
+    """The installed `gptpipe` program (pyproject's `[project.scripts]`): the one beside this interpreter
+    (a virtual environment's), else the one on PATH. A trial is a `gptpipe run`, as a person would type it."""
+    beside = Path(sys.executable).with_name("gptpipe")
+    found = str(beside) if beside.is_file() else shutil.which("gptpipe")
+    if found is None:
+        raise ConfigError(
+            f"gptpipe: the program is installed neither beside {sys.executable} nor on PATH; "
+            "install the project (make setup, or pip install -e .) to run a sweep's trials"
+        )
+    return found
+
+
 def run_trial(
     params_path: str, base: list[str], trial: Trial, parent_run_id: str | None, cancel: threading.Event
 ) -> TrialResult:
@@ -47,7 +62,7 @@ def run_trial(
     result = TrialResult(trial)
     overrides = [item for assignment in [*base, *trial.overrides()] for item in ("--set", assignment)]
     description = {"parent_run_id": parent_run_id, "name": trial.name, "values": trial.values}
-    command = [*GPTPIPE, "run", "--params", params_path, *overrides, "--until", "evaluate"]
+    command = [gptpipe_program(), "run", "--params", params_path, *overrides, "--until", "evaluate"]
     command += ["--trial", json.dumps(description)]
     lines: list[str] = []
 

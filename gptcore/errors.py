@@ -6,6 +6,11 @@ class GptpipeError(Exception):
 
     exit_code = 1
 
+    def __init__(self, *args: object, exit_code: int | None = None) -> None:
+        super().__init__(*args)
+        if exit_code is not None:  # the process's own status: a failed child's, say
+            self.exit_code = exit_code
+
 
 class ConfigError(GptpipeError):
     """A parameter file, `--set` override or command-line value that is not allowed."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptcore.config import PipelineParams
 from tasks.caching import StageOutcome, run_cached
+from tasks.params.schema import PipelineParams
 from tasks.results import (
     BeforeAfterResult,
     EvaluateResult,
@@ -143,7 +143,7 @@ class ReadCheckpoint:
     @classmethod
     def of(cls, full: StageOutcome, checkpoint: Path, device: StageOutcome | None = None) -> ReadCheckpoint:
         digest = evaluate_stage.checkpoint_digest(full.result, checkpoint)
-        return cls(checkpoint, digest, device.result.runtime["device"] if device is not None else None)
+        return cls(checkpoint, digest, device.result.runtime.device if device is not None else None)
 
     def run(
         self, name: str, stage_task: Any, result_type: type, fingerprint: str, params: PipelineParams,

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from gptcore.runtime.decided import Runtime
 from gptcore.tools.fingerprint import sha256_file
 
 
@@ -53,7 +54,7 @@ class TokensResult(StageResult):
 
 class DeviceResult(StageResult):
     device: dict[str, Any]  # gptcore.runtime.device.device_report()
-    runtime: dict[str, Any]  # the resolved runtime (device, precision, batch, accumulation, ...)
+    runtime: Runtime  # the decided runtime: what the training stages train with
 
 
 class SmokeResult(StageResult):

@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gptcore", "tasks", "flows")
 MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 80
-# gptcore's top level: the package, its errors and parameter schema, generation, sweeps, and the old
-# name of the model files that logged models load through (gptcore/model_files.py).
-GPTCORE_TOP = {"__init__", "config", "errors", "generate", "sweep", "model_files"}
+# gptcore's top level: the package, its errors, generation, and the old name of the model files that
+# logged models load through (gptcore/model_files.py). Its configurations live in its rooms.
+GPTCORE_TOP = {"__init__", "errors", "generate", "model_files"}
+SCHEMA = ROOT / "tasks" / "params" / "schema.py"
 
 
 def module_name(path: Path) -> str:
@@ -180,3 +181,79 @@ def test_a_room_names_no_module_above_it_in_a_string() -> None:
         if ROOMS.index(room(node.value)) > ROOMS.index(room(name))
     ]
     assert upward == []
+
+
+def _schema_names() -> set[str]:
+    """What the parameter file's schema defines: its sections' classes and its stage lists."""
+    tree = ast.parse(SCHEMA.read_text(encoding="utf-8"))
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    assigned = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return classes | assigned
+
+
+def test_gptcore_knows_nothing_of_the_parameter_file() -> None:
+    """The parameter file's schema is the pipeline's: gptcore names none of it, and no function of
+    gptcore takes `params` (the pipeline's name for a parameter file) to read sections from."""
+    schema = _schema_names()
+    assert {"PipelineParams", "STAGES", "SmokeConfig", "SweepConfig"} <= schema  # the check sees them
+    found = []
+    for name, path in SOURCES.items():
+        if not name.startswith("gptcore"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Name) and node.id in schema:
+                found.append(f"{name} names {node.id}")
+            if isinstance(node, ast.arg) and node.arg == "params":
+                found.append(f"{name} takes params")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "params/" in node.value:
+                found.append(f"{name} names the params/ folder")
+    assert found == []
+
+
+def _configurations() -> list[type]:
+    from gptcore.tools.strict import Strict
+
+    for name in SOURCES:
+        if name.endswith(".config") or name.startswith("tasks.params"):
+            __import__(name)
+    seen, todo = [], [Strict]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub not in seen:
+                seen.append(sub)
+                todo.append(sub)
+    return seen
+
+
+def test_every_configuration_field_says_what_it_is() -> None:
+    """Every field of gptcore's configurations and of the parameter file has a description (litgpt's
+    args.py): `--help` and the docs read them, and a reader never guesses."""
+    configurations = _configurations()
+    assert {cls.__name__ for cls in configurations} >= {"ModelConfig", "RuntimeConfig", "PipelineParams"}
+    undocumented = [
+        f"{cls.__module__}.{cls.__name__}.{field}"
+        for cls in configurations
+        for field, info in cls.model_fields.items()
+        if not info.description
+    ]
+    assert undocumented == []
+
+
+def test_no_module_runs_python_code_written_in_a_string() -> None:
+    """`python -c "from flows.cli.main import main"` is an import the graph cannot see: a process of
+    gptpipe is started as the installed `gptpipe` program or as a module a room may name."""
+    hidden = [
+        f"{name}: {node.value[:60]!r}"
+        for name, path in SOURCES.items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if re.search(r"\b(?:from|import)\s+(?:gptcore|tasks|flows)\b", node.value)
+    ]
+    assert hidden == []

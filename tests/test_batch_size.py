@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import ConfigError, TrainingError
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.runtime.batch_size import (
     MARGIN,
@@ -22,8 +22,10 @@ from gptcore.runtime.batch_size import (
     probe_step,
     probed_choice,
 )
+from gptcore.runtime.config import RuntimeConfig
 from gptcore.runtime.memory import StepMemory
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
 

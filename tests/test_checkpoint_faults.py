@@ -15,11 +15,13 @@ import pytest
 import torch
 
 import gptcore.checkpoint.files as ckpt
-from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import CheckpointError, DiskFullError
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import RuntimeConfig
 from gptcore.tools.fingerprint import sha256_file
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
 from tests.disk_full_support import half_then_full, leftovers, snapshot

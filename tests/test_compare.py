@@ -11,9 +11,10 @@ from tracking_support import fresh_store
 
 from flows.cli.main import main
 from flows.compare import compare, compare_runs
-from gptcore.config import TrackingConfig, load_params
 from gptcore.errors import ConfigError
 from gptcore.eval.comparison import Limits, NotComparable, choose_axis, differing_controls
+from tasks.params.loading import load_params
+from tasks.params.schema import TrackingConfig
 from tasks.tracking import TrackingSession
 
 TINY = "{n_layer: 1, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 300}"

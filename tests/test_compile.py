@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcore.config import DeviceDefaults, RuntimeConfig
 from gptcore.errors import TrainingError
 from gptcore.model.gpt import GPT
 from gptcore.runtime.attention import NAMES, attention_backend
+from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
 from gptcore.runtime.device import resolve_compile, resolve_runtime
 from gptcore.train import compile as compile_module
 from gptcore.train.compile import compile_for_training

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gptcore.config import CorpusConfig, TokenizerConfig
 from gptcore.data.build import build_token_files
+from gptcore.data.config import CorpusConfig, TokenizerConfig
 from gptcore.data.corpus import (
     SPLITS,
     Corpus,

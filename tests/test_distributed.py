@@ -356,25 +356,28 @@ def test_json_lines_of_a_launched_run_replay_into_callbacks():
 
 
 def test_a_launched_rank_rebuilds_the_whole_job_a_fine_tunes_start_included(tmp_path: Path) -> None:
-    from gptcore.config import LoRAConfig, ModelConfig, RuntimeConfig, TrainingConfig
-    from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds
+    from gptcore.finetune.config import LoRAConfig
+    from gptcore.model.config import ModelConfig
+    from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
+    from gptcore.runtime.device import resolve_runtime
+    from gptcore.train.config import TrainingConfig
     from gptcore.train.job import TrainJob
     from gptcore.train.multiprocess import load_job, read_job, save_job
 
+    request = RuntimeConfig(device="cpu", precision="fp32", batch_size=2)
+    decided = resolve_runtime(request, lambda _: DeviceDefaults(batch_size=2))
     job = TrainJob(
         model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300),
-        runtime=RuntimeConfig(device="cpu", precision="auto"),
+        runtime=request,
         training=TrainingConfig(max_steps=2),
         train_tokens=None,
         init_weights=tmp_path / "base" / "model.safetensors",
         lora=LoRAConfig(r=4, alpha=8.0, targets=["attn.c_attn"]),
-        precision_speeds=PrecisionSpeeds("cpu", (PrecisionSpeed("bf16", "cpu", 0.15, 2.5, False),)),
+        decided=decided,
     )
     rank = load_job(read_job(save_job(job, tmp_path / "job")), world_size=2, rank=1)
     assert (rank.init_weights, rank.lora) == (job.init_weights, job.lora), (
         "a rank without them trains from scratch"
     )
-    assert rank.precision_speeds == job.precision_speeds, (
-        "every rank decides precision auto as the device stage did"
-    )
+    assert rank.decided == decided, "every rank trains with the runtime the device stage decided"
     assert (rank.world_size, rank.rank, rank.model, rank.training.max_steps) == (2, 1, job.model, 2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcore.config import TrainingConfig
+from gptcore.train.config import TrainingConfig
 from gptcore.train.estimate import RunPlan, estimate_run
 from gptcore.train.trainer import train
 from tests.test_trainer import Recorder, job

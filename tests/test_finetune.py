@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from gptcore.checkpoint.files import load_checkpoint
-from gptcore.config import LoRAConfig, ModelConfig
 from gptcore.errors import CheckpointError, ConfigError
 from gptcore.export.model_files import write_model_files
+from gptcore.finetune.config import LoRAConfig
 from gptcore.finetune.lora import lora_layers, merge_lora
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.train.trainer import train
 from tests.test_trainer import TINY, Recorder, job

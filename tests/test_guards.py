@@ -11,10 +11,12 @@ import torch
 
 import gptcore.train.step as step_module
 from gptcore.checkpoint.files import latest_checkpoint, load_checkpoint
-from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import TrainingError
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import RuntimeConfig
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.guards import NonFiniteGuard
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train

@@ -10,23 +10,19 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore.config import (
-    CorpusConfig,
-    EvaluateConfig,
-    ModelConfig,
-    OptimizerConfig,
-    RuntimeConfig,
-    TokenizerConfig,
-    TrainingConfig,
-)
 from gptcore.data.build import TokenFolderManifest, build_token_files
+from gptcore.data.config import CorpusConfig, TokenizerConfig
 from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenfile import open_tokens
 from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import DataError
+from gptcore.eval.config import EvaluateConfig
 from gptcore.eval.held_out import evaluate_held_out, held_out_prompts, summed_nats
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
+from gptcore.runtime.config import RuntimeConfig
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
 

@@ -10,15 +10,8 @@ import pytest
 import torch
 
 from gptcore.checkpoint.load import load_model
-from gptcore.config import (
-    CorpusConfig,
-    ModelConfig,
-    OptimizerConfig,
-    RuntimeConfig,
-    TokenizerConfig,
-    TrainingConfig,
-)
 from gptcore.data.build import build_token_files
+from gptcore.data.config import CorpusConfig, TokenizerConfig
 from gptcore.data.corpus import open_corpus
 from gptcore.data.documents import split_documents
 from gptcore.data.tokenfile import open_tokens
@@ -26,6 +19,9 @@ from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import ConfigError, DiskFullError
 from gptcore.export.hf import export_hf
 from gptcore.generate import Completer
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import RuntimeConfig
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
 from tests.disk_full_support import leftovers, no_space, snapshot

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptcore.config import ModelConfig, load_profile
 from gptcore.generate import sample
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.model.kv_cache import KVCache
+from tasks.params.loading import load_profile
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gptcore.config import LoRAConfig, ModelConfig
 from gptcore.errors import ConfigError
+from gptcore.finetune.config import LoRAConfig
 from gptcore.finetune.lora import (
     LoRALinear,
     adapter_state_dict,
@@ -18,6 +18,7 @@ from gptcore.finetune.lora import (
     merge_lora,
     trainable_parameters,
 )
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300, dropout=0.0)

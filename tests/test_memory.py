@@ -10,16 +10,19 @@ from typing import Any
 import pytest
 import torch
 
-from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig, load_profile
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.model import gpt as model_module
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.runtime import malloc as host_memory
 from gptcore.runtime import memory as memory_module
+from gptcore.runtime.config import RuntimeConfig
 from gptcore.runtime.memory import StepMemory
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
+from tasks.params.loading import load_profile
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 TRAIN = synthetic_stream(300, 17 * 200, seed=1)

@@ -19,7 +19,7 @@ from process_support import free_port, stop_process_group
 from tracking_support import tracked_training
 
 from flows.cli.tracking import MODEL_TRAINING_VIEW, server_command, server_environment
-from gptcore.config import TrackingConfig
+from tasks.params.schema import TrackingConfig
 from tasks.tracking import TrackingSession
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)

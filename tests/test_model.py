@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptcore.config import ModelConfig, load_profile
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT, optimizer_groups
+from tasks.params.loading import load_profile
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import mlflow.pyfunc
 import torch
 
-from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import RuntimeConfig
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
 

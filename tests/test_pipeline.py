@@ -12,13 +12,16 @@ import random
 import subprocess
 import sys
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gptcore.config import STAGES, load_params
 from gptcore.errors import TrainingError
+from gptcore.runtime.config import RuntimeConfig
+from tasks.params.loading import load_params
+from tasks.params.schema import STAGES
 from tasks.results import DeviceResult, StageResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge
 from tasks.stages.training import full_refusal
@@ -324,9 +327,12 @@ def test_smoke_gate_reads_validation_from_the_start_to_the_end() -> None:
 
 
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:
+    from gptcore.runtime.device import resolve_runtime
+
     params = load_params(REPO / "params" / "iteration_2.yaml")
-    cpu = DeviceResult(device={}, runtime={"device": "cpu"})
+    decided = resolve_runtime(RuntimeConfig(device="cpu", precision="fp32"), params.defaults_for)
+    cpu = DeviceResult(device={}, runtime=decided)
     assert "needs CUDA" in full_refusal(params, cpu)
-    assert full_refusal(params, DeviceResult(device={}, runtime={"device": "cuda"})) is None
+    assert full_refusal(params, DeviceResult(device={}, runtime=replace(decided, device="cuda"))) is None
     bounded = load_params(REPO / "params" / "iteration_2.yaml", ["runtime.device=cpu", "full.max_steps=5"])
     assert full_refusal(bounded, cpu) is None

@@ -10,19 +10,16 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gptcore.config import (
-    CorpusConfig,
-    EvaluateConfig,
-    ModelConfig,
-    QuantizeConfig,
-    TokenizerConfig,
-    load_profile,
-)
+from gptcore.data.config import CorpusConfig, TokenizerConfig
 from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenfile import open_tokens
+from gptcore.eval.config import EvaluateConfig, QuantizeConfig
 from gptcore.export.model_files import model_files_in, read_model_files, write_model_files
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.model.quantization import METHODS, quantized, weight_bytes
+from tasks.params.loading import load_profile
+from tasks.params.schema import QuantizeSection
 
 pytest.importorskip("torchao", reason="the quant extra (pip install -e '.[quant]') is not installed")
 
@@ -206,4 +203,4 @@ def test_an_unknown_method_fails_validation_with_the_allowed_list() -> None:
     with pytest.raises(ValidationError, match=allowed):
         QuantizeConfig(methods=["int4"])
     with pytest.raises(ValidationError, match="may_hold_champion needs max_test_tokens unset"):
-        QuantizeConfig(methods=["bf16"], may_hold_champion=True, max_test_tokens=100)
+        QuantizeSection(methods=["bf16"], may_hold_champion=True, max_test_tokens=100)

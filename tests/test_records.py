@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from gptcore.config import ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
 from gptcore.data.synthetic import synthetic_stream
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import RuntimeConfig
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.records import (
     END_METRICS,

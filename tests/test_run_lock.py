@@ -100,8 +100,10 @@ def test_a_directory_that_cannot_be_created_is_a_one_line_error(tmp_path: Path) 
 
 
 def test_training_holds_the_lock_and_a_second_trainer_on_the_directory_is_refused(tmp_path: Path) -> None:
-    from gptcore.config import ModelConfig, RuntimeConfig, TrainingConfig
     from gptcore.data.synthetic import synthetic_stream
+    from gptcore.model.config import ModelConfig
+    from gptcore.runtime.config import RuntimeConfig
+    from gptcore.train.config import TrainingConfig
     from gptcore.train.job import TrainJob
     from gptcore.train.trainer import train
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptcore.config import DeviceDefaults, RuntimeConfig, load_profile
 from gptcore.errors import DeviceError
 from gptcore.runtime import device as rt
 from gptcore.runtime import precision_speed
+from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
 from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds
+from tasks.params.loading import load_profile
 
 PROFILE = load_profile("gpt_first_cpu")
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from gptcore.checkpoint import files as ckpt
-from gptcore.config import ParamsLoader, load_params
 from gptcore.errors import CheckpointError, ConfigError
+from tasks.params.loading import ParamsLoader, load_params
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted(

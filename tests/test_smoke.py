@@ -9,14 +9,18 @@ from typing import Any
 import pytest
 from test_trainer import TRAIN, VALIDATION, Recorder
 
-from gptcore.config import CorpusConfig, OptimizerConfig, PipelineParams, load_params
 from gptcore.data.build import build_token_files
+from gptcore.data.config import CorpusConfig
 from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenizer import train_tokenizer
 from gptcore.errors import TrainingError
+from gptcore.train.config import OptimizerConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.schedule import WarmupCosine
 from gptcore.train.trainer import train
+from tasks.params.jobs import train_job
+from tasks.params.loading import load_params
+from tasks.params.schema import PipelineParams
 from tasks.stages.smoke_gate import judge
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +53,7 @@ def smoke_run(
     checkpoint_directory: Path | None = None,
 ) -> Recorder:
     recorder = Recorder()
-    job = TrainJob.from_params(
+    job = train_job(
         params,
         "smoke",
         train_tokens=train_tokens,
@@ -70,15 +74,13 @@ def test_the_smoke_trains_with_the_full_sections_optimizer_unless_it_names_its_o
     full = {"learning_rate": 6e-4, "min_learning_rate": 6e-5, "warmup_steps": 100, "beta2": 0.99}
     params = tiny_params(full)
     assert params.smoke_optimizer_source == "full"
-    assert (
-        TrainJob.from_params(params, "smoke", train_tokens=None).training.optimizer == params.full.optimizer
-    )
+    assert train_job(params, "smoke", train_tokens=None).training.optimizer == params.full.optimizer
     own = tiny_params(full, {"optimizer": {"learning_rate": 1e-3, "warmup_steps": 2}})
     assert own.smoke_optimizer_source == "smoke"
-    assert TrainJob.from_params(own, "smoke", train_tokens=None).training.optimizer == OptimizerConfig(
+    assert train_job(own, "smoke", train_tokens=None).training.optimizer == OptimizerConfig(
         learning_rate=1e-3, warmup_steps=2
     )
-    assert TrainJob.from_params(own, "full", train_tokens=None).training.optimizer == own.full.optimizer
+    assert train_job(own, "full", train_tokens=None).training.optimizer == own.full.optimizer
 
 
 def test_the_smoke_follows_the_full_runs_schedule_warmup_included(tmp_path: Path) -> None:
@@ -110,7 +112,7 @@ def test_full_training_stops_when_validation_goes_above_the_uniform_guess_after_
     params = tiny_params({"learning_rate": 0.5, "warmup_steps": 2})
     settings = params.full.model_copy(update={"max_steps": 12, "eval_every": 6, "checkpoint_every": 3})
     runtime = params.runtime.model_copy(update={"compile": compiled})
-    job = TrainJob.from_params(params, "full", train_tokens=TRAIN, validation_tokens=VALIDATION)
+    job = train_job(params, "full", train_tokens=TRAIN, validation_tokens=VALIDATION)
     job = TrainJob(
         **{**job.__dict__, "training": settings, "runtime": runtime, "checkpoint_directory": tmp_path}
     )

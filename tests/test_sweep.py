@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from gptcore.config import SweepConfig, load_params
 from gptcore.errors import ConfigError
-from gptcore.sweep import expand, parse_grid, validate_trials
 from tasks.device_slot import device_limit_names
+from tasks.params.loading import load_params
+from tasks.params.schema import SweepConfig
+from tasks.params.sweep import expand, parse_grid, validate_trials
 
 REPO = Path(__file__).resolve().parent.parent
 ITERATION_1 = REPO / "params" / "iteration_1.yaml"

@@ -26,8 +26,8 @@ from process_support import free_port
 from test_pipeline import gptpipe, states, write_corpus, write_params
 
 from flows.servers import postgres_program
-from gptcore.config import STAGES
 from gptcore.errors import ConfigError
+from tasks.params.schema import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
 GPTPIPE = [sys.executable, "-m", "flows.cli.main"]

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, normalizers
 
-from gptcore.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data import build as token_build
 from gptcore.data import shards as shard_files
 from gptcore.data.build import build_token_files, read_token_folder_manifest, token_files_fingerprint
+from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.corpus import SPLITS, Corpus, open_corpus
 from gptcore.data.documents import split_documents
 from gptcore.data.encoders import HFEncoder, TiktokenEncoder, make_encoder, why_not_tiktoken
@@ -219,7 +219,7 @@ KILLED_BUILD = """
 import sys, time
 from pathlib import Path
 import gptcore.data.corpus as corpus_module
-from gptcore.config import CorpusConfig, DataConfig
+from gptcore.data.config import CorpusConfig, DataConfig
 from gptcore.data import build, encode_worker
 from gptcore.data.tokenizer import read_tokenizer_manifest
 

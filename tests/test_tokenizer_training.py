@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from gptcore.config import CorpusConfig, TokenizerConfig
+from gptcore.data.config import CorpusConfig, TokenizerConfig
 from gptcore.data.corpus import Corpus, open_corpus, split_of
 from gptcore.data.tokenizer import read_tokenizer_manifest, tokenizer_fingerprint, train_tokenizer
 from gptcore.errors import ConfigError, DataError

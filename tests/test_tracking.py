@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from tracking_support import fresh_store, three_step_job
 
-from gptcore.config import TrackingConfig
 from gptcore.train.records import END_METRICS, STEP_METRICS
+from tasks.params.schema import TrackingConfig
 from tasks.results import StageResult
 from tasks.tracking import PipelineRecorder, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.callback import MLflowCallback
@@ -431,7 +431,7 @@ def test_a_resume_continues_the_run_named_in_its_checkpoint(session: TrackingSes
 
 
 def pipeline_params(tmp_path: Path) -> tuple[Any, Path]:
-    from gptcore.config import load_params
+    from tasks.params.loading import load_params
 
     path = tmp_path / "iteration.yaml"
     path.write_text(

@@ -23,9 +23,9 @@ from test_mlflow_browser import wait_healthy
 from tracking_support import Waits, fresh_store, three_step_job
 
 from flows.cli.tracking import server_command, server_environment
-from gptcore.config import TrackingConfig
 from gptcore.train.callbacks import CallbackList, TrainingCallback
 from gptcore.train.trainer import train
+from tasks.params.schema import TrackingConfig
 from tasks.tracking import TrackingSession, training_metadata
 from tasks.tracking.store import resolve_target
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from tracking_support import Waits, fresh_store, three_step_job
 
-from gptcore.config import TrackingConfig
 from gptcore.train.trainer import train
+from tasks.params.schema import TrackingConfig
 from tasks.tracking import MLflowCallback, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.delivery.operations import PARAM_VALUE_LIMIT
 from tasks.tracking.delivery.outbox import Outbox

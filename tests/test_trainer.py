@@ -12,15 +12,17 @@ import pytest
 import torch
 
 from gptcore.checkpoint.files import load_checkpoint
-from gptcore.config import DeviceDefaults, ModelConfig, OptimizerConfig, RuntimeConfig, TrainingConfig
 from gptcore.data.batches import StepPlan, open_examples
 from gptcore.data.shards import SplitShards
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.data.tokenfile import TokenFileManifest, write_manifest
 from gptcore.errors import CheckpointError, ConfigError, TrainingError
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
+from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
 from gptcore.runtime.device import resolve_runtime
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.setup import planned_steps
 from gptcore.train.step import accumulate_gradients

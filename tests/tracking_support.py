@@ -35,8 +35,10 @@ def fresh_store(folder: Path) -> str:
 
 def three_step_job(checkpoint_directory: Path, metadata: dict) -> object:
     """A TrainJob of three steps of a one-layer model on a synthetic stream, checkpointing at the end."""
-    from gptcore.config import DeviceDefaults, ModelConfig, RuntimeConfig, TrainingConfig
     from gptcore.data.synthetic import synthetic_stream
+    from gptcore.model.config import ModelConfig
+    from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
+    from gptcore.train.config import TrainingConfig
     from gptcore.train.job import TrainJob
 
     return TrainJob(
@@ -56,20 +58,16 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
     declaring its token files as datasets: its TrackingSession, MLflowCallback and checkpoint folder."""
     import sysconfig
 
-    from gptcore.config import (
-        CorpusConfig,
-        ModelConfig,
-        OptimizerConfig,
-        RuntimeConfig,
-        TokenizerConfig,
-        TrackingConfig,
-        TrainingConfig,
-    )
     from gptcore.data.build import build_token_files
+    from gptcore.data.config import CorpusConfig, TokenizerConfig
     from gptcore.data.corpus import open_corpus
     from gptcore.data.tokenizer import train_tokenizer
+    from gptcore.model.config import ModelConfig
+    from gptcore.runtime.config import RuntimeConfig
+    from gptcore.train.config import OptimizerConfig, TrainingConfig
     from gptcore.train.job import TrainJob
     from gptcore.train.trainer import train
+    from tasks.params.schema import TrackingConfig
     from tasks.tracking import TrackingSession, training_metadata
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])

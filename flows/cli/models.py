@@ -70,9 +70,9 @@ def export_command(
     """Export a trained model as a Hugging Face GPT-2 folder (`transformers` loads it offline)."""
     import json
 
-    from gptcore.config import choice
     from gptcore.errors import ConfigError
     from gptcore.export.hf import export_hf
+    from tasks.params.loading import choice
 
     choice("--format", format_, ("hf",))
     sources = [source for source in (checkpoint_directory, checkpoint_file, model) if source is not None]
@@ -122,12 +122,13 @@ def quantize_command(
     version tagged quantization=<method>, with the alias @<method>."""
     import json
 
-    from gptcore.config import QuantizationMethod, choice
     from gptcore.errors import ConfigError
+    from gptcore.eval.config import QuantizationMethod
     from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown, write_tradeoff
     from gptcore.export.model_files import read_model_files
     from gptcore.model.quantization import cpu_features
     from gptcore.tools.fingerprint import sha256_file
+    from tasks.params.loading import choice
     from tasks.tracking.models.model_uri import model_files_of
 
     _, params = resolve_params(params_file, iteration, [])

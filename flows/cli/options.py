@@ -23,7 +23,7 @@ from gptcore.errors import ConfigError
 
 def params_path(params_file: Path | None, iteration: int | None) -> Path:
     """`--params FILE` or `--iteration N` (params/iteration_N.yaml); neither: iteration 1's."""
-    from gptcore.config import iteration_file
+    from tasks.params.loading import iteration_file
 
     if params_file is not None and iteration is not None:
         raise ConfigError("--params and --iteration name the parameters twice; give one of them")
@@ -33,7 +33,7 @@ def params_path(params_file: Path | None, iteration: int | None) -> Path:
 def resolve_params(params_file: Path | None, iteration: int | None, overrides: list[str]) -> tuple[Path, Any]:
     """The parameter file and its validated parameters, `--set` overrides applied. A file that can be
     read only once (a pipe: `--params <(...)`) is read into a regular copy the stages read after."""
-    from gptcore.config import load_params
+    from tasks.params.loading import load_params
 
     path = regular_copy(params_path(params_file, iteration))
     return path, load_params(path, overrides)
@@ -94,3 +94,12 @@ def command_of(options: type) -> Callable[[Callable[[Any], None]], Callable[...,
         return command
 
     return decorate
+
+
+def nproc_value(raw: str | None) -> int | str | None:
+    """`--nproc`: a positive integer or `auto`, as `runtime.nproc` holds it."""
+    if raw is None or raw == "auto":
+        return raw
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    raise ConfigError(f"--nproc {raw!r}: expected a positive integer or auto")

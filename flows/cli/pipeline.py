@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from flows.cli.options import json_lines_only, resolve_params
-from gptcore.config import STAGES, choice
+from tasks.params.loading import choice
+from tasks.params.schema import STAGES
 
 
 def run(
@@ -52,7 +53,7 @@ def sweep_command(
 ) -> None:
     """Sweep: the data stages once, then smoke + full + evaluate per trial (a grid over any keys --set
     takes, or --random N), each a child run of one MLflow sweep run; prints the trials' table."""
-    from gptcore.sweep import expand, parse_grid, validate_trials
+    from tasks.params.sweep import expand, parse_grid, validate_trials
 
     params_path, checked = resolve_params(params, iteration, overrides)
     swept = parse_grid(grid) if grid else None

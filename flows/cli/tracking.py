@@ -12,8 +12,9 @@ import typer
 
 from flows.cli.options import resolve_params
 from flows.servers import server_environment
-from gptcore.config import ConcretePrecision, choice
 from gptcore.errors import ConfigError
+from gptcore.runtime.config import ConcretePrecision
+from tasks.params.loading import choice
 
 
 def is_loopback(host: str) -> bool:
@@ -180,7 +181,8 @@ def _compare_in_memory(
     """Both sides trained in this process; nothing recorded (`--no-track`)."""
     import torch
 
-    from gptcore.eval.comparison import compare_in_memory, plan_comparison, print_comparison
+    from gptcore.eval.comparison import print_comparison
+    from tasks.comparison import compare_in_memory, plan_comparison
 
     plan = plan_comparison(
         params, axis, chosen, limits, torch.cuda.is_available(), batch_size, precision, *sources

@@ -15,11 +15,12 @@ from typing import Any
 
 import typer
 
-from flows.cli.options import batch_size_value, command_of, json_lines_only, resolve_params
-from flows.train_launch import launch_spec, nproc_value
-from gptcore.config import Device, Precision, TrainingStage, choice
+from flows.cli.options import batch_size_value, command_of, json_lines_only, nproc_value, resolve_params
 from gptcore.errors import ConfigError, first_line
+from gptcore.runtime.config import Device, Precision
 from gptcore.train.callbacks import TrainingCallback
+from tasks.params.loading import choice
+from tasks.params.schema import TrainingStage
 
 
 def device_command(
@@ -80,7 +81,6 @@ def training_callbacks(
     )
     callbacks.append(WarningLines())
     if track:
-        from gptcore.train.records import profile_params
         from tasks.tracking import TrackingSession
         from tasks.tracking.session import run_label
 
@@ -91,7 +91,7 @@ def training_callbacks(
         fields = job_fields or {}
         datasets = {"train": fields.get("train_tokens"), "validation": fields.get("validation_tokens")}
         callback = session.training_callback(
-            run_name, tags=tags, params=profile_params(params), artifacts=inputs, datasets=datasets
+            run_name, tags=tags, params=params.model.as_params(), artifacts=inputs, datasets=datasets
         )
         callbacks.append(callback)
     return callbacks
@@ -201,6 +201,9 @@ class TrainOptions:
 def train_command(o: TrainOptions) -> None:
     """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last (on a
     terminal: a progress bar and the summary line)."""
+    from gptcore.distributed.group import world_from_env
+    from tasks.training_launch import launch_spec, launch_training
+
     json_lines_only(o.json_only)
     choice("--stage", o.stage, TrainingStage)
     for flag, value, allowed in (("--device", o.device, Device), ("--precision", o.precision, Precision)):
@@ -211,8 +214,8 @@ def train_command(o: TrainOptions) -> None:
     overrides = [*o.set_, *parameter_overrides(o.stage, flags)]
     path, params = resolve_params(o.params_file, o.iteration, overrides)
     preflight_inputs(params, o.train_tokens, o.validation_tokens, o.tokenizer)
-    launch = dict(nnodes=o.nnodes, node_rank=o.node_rank, rdzv_endpoint=o.rdzv_endpoint)
-    spec = launch_spec(params, {**launch, "rdzv_backend": o.rdzv_backend, "rdzv_id": o.rdzv_id})
+    topology = dict(nnodes=o.nnodes, node_rank=o.node_rank, rdzv_endpoint=o.rdzv_endpoint)
+    spec = launch_spec(params, {**topology, "rdzv_backend": o.rdzv_backend, "rdzv_id": o.rdzv_id})
     sources = _token_sources(params, o.stage, o.train_tokens, o.validation_tokens, o.synthetic)
     if sources[0] is None and not o.dry_run:
         raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
@@ -226,52 +229,12 @@ def train_command(o: TrainOptions) -> None:
         tokenizer=o.tokenizer,
     )
     track = not (o.no_track or o.dry_run)
-    if spec is not None:  # several processes: this one launches them, watches, and records
-        raise typer.Exit(train_launched(params, path, o.stage, spec, job_fields, track))
-    train_in_process(params, path, o.stage, job_fields, track)
-
-
-def train_in_process(params: Any, path: Path, stage: str, job_fields: dict[str, Any], track: bool) -> None:
-    """The training in this process (or one rank, where a user started this command under torchrun):
-    JSON lines and, when `track`, the MLflow run on the main rank, whose id travels in every checkpoint."""
-    from gptcore.distributed.group import process_group
-    from gptcore.runtime.device import resolve_device
-    from gptcore.train.callbacks import CallbackList
-    from gptcore.train.job import TrainJob
-    from gptcore.train.trainer import train
-    from tasks.tracking import training_metadata
-
-    with process_group(resolve_device(params.runtime.device)) as world:  # a no-op outside torchrun
-        callbacks = training_callbacks(params, stage, track, Path(path), job_fields) if world.is_main else []
-        metadata = training_metadata(callbacks)  # live: the MLflow run id lands in it when the run opens
-        metadata.update({"params_file": str(path), "stage": stage})
-        job = TrainJob.from_params(
-            params, stage, metadata=metadata, world_size=world.world_size, rank=world.rank, **job_fields
-        )
-        train(job, CallbackList(callbacks))
-
-
-def train_launched(
-    params: Any, path: Path, stage: str, spec: Any, job_fields: dict[str, Any], track: bool
-) -> int:
-    """The training on `spec`'s processes under torchrun (`gptcore.train.multiprocess`): JSON lines and the
-    MLflow run
-    stay in this process, fed by rank 0's events. Returns the first failing rank's exit code, or 0."""
-    from gptcore.train.job import TrainJob
-    from gptcore.train.multiprocess import launch_job
-    from tasks.tracking import open_training_run, training_metadata
-
-    callbacks = training_callbacks(params, stage, track, Path(path), job_fields)
-    metadata = training_metadata(callbacks)
-    metadata.update({"params_file": str(path), "stage": stage})
-    if spec.nnodes == 1:  # this node holds rank 0: open the run now, so every checkpoint carries its id
-        open_training_run(callbacks, job_fields["checkpoint_directory"] if job_fields["resume"] else None)
-    job = TrainJob.from_params(params, stage, metadata=metadata, **job_fields)
-    print(f"launching {spec.nproc_per_node} process(es) per node under torchrun", file=sys.stderr, flush=True)
-    code, _, _ = launch_job(
-        job, spec, callbacks, on_text=lambda line: print(line, file=sys.stderr, flush=True)
-    )
-    return code
+    # JSON lines and the MLflow run live in the launching process, or on the main rank of a torchrun the
+    # user started (the other ranks report nothing).
+    main_rank = spec is not None or world_from_env().is_main
+    callbacks = training_callbacks(params, o.stage, track, Path(path), job_fields) if main_rank else []
+    metadata = {"params_file": str(path), "stage": o.stage}
+    launch_training(params, o.stage, callbacks, spec, metadata, **job_fields)
 
 
 def generate_command(

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.checkpoint import files as ckpt
-from gptcore.config import ModelConfig
 from gptcore.errors import CheckpointError
 from gptcore.export.model_files import WEIGHTS, ModelFiles, checkpoint_tokenizer, with_config
 from gptcore.finetune.lora import adapter_weights, apply_lora, merge_lora
 from gptcore.finetune.start import lora_of
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 
 

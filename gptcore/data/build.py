@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from gptcore.config import DataConfig
 from gptcore.data import encode_worker
+from gptcore.data.config import DataConfig
 from gptcore.data.corpus import Corpus, SplitStats
 from gptcore.data.documents import SPLITS
 from gptcore.data.encode_worker import EncoderMismatch, EncodeSettings, UnitTokens

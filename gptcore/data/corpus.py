@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptcore.config import CorpusConfig
+from gptcore.data.config import CorpusConfig
 from gptcore.data.documents import (
     SPLITS,
     UNIT_BYTES,

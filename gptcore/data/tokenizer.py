@@ -18,7 +18,7 @@ from typing import Any
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gptcore.config import TokenizerConfig
+from gptcore.data.config import TokenizerConfig
 from gptcore.data.corpus import Corpus
 from gptcore.data.sample import Sample, sample_texts
 from gptcore.errors import ConfigError, DataError

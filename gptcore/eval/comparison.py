@@ -5,22 +5,22 @@ only the compared axis changes: the device (CPU against CUDA) where there is a G
 or the batch size. Each run's record (params and metrics under the run-record names) is read back and
 the controls compared: two runs whose controls differ are refused, with the differing controls listed.
 
-This module trains and compares records; where the records live is the caller's choice: MLflow
-(`flows.compare`, the Prefect flow) or memory (`compare_in_memory`, for `gptpipe compare --no-track` on
-a machine without MLflow or Prefect).
+This module holds the comparison itself: the axis, the two sides, the controls, the table, and a run
+recorded in memory (`RunRecord`). The pipeline plans and trains the sides from a parameter file
+(`tasks.comparison`); where the records live is its caller's choice: MLflow (`flows.compare`) or memory
+(`gptpipe compare --no-track`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gptcore.errors import ConfigError, GptpipeError
 from gptcore.tools.markdown import table
 from gptcore.train.callbacks import TrainingCallback
-from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord, profile_params
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 
 AXES = ("device", "precision", "batch_size")
 # Params every compared run must share (the axis itself aside), as recorded under the run-record names.
@@ -185,91 +185,6 @@ class ComparisonPlan:
         ]
 
 
-def _identity(path: Path | None) -> str:
-    from gptcore.tools.fingerprint import sha256_file
-
-    return f"{Path(path).name}:sha256:{sha256_file(path)[:16]}" if path else "none"
-
-
-def plan_comparison(
-    params: Any,
-    axis: str,
-    values: list[str] | None,
-    limits: Limits,
-    cuda_available: bool,
-    batch_size: int | None = None,
-    precision: str | None = None,
-    train_tokens: Path | None = None,
-    validation_tokens: Path | None = None,
-    tokenizer: Path | None = None,
-) -> ComparisonPlan:
-    """The two sides and what they share; a seeded synthetic stream when no token files are given."""
-    batch = batch_size or params.defaults_for("cpu").batch_size
-    axis, chosen = choose_axis(axis, values, cuda_available, batch)
-    base = {
-        "device": "cpu" if axis != "device" else None,
-        "precision": precision or "fp32",
-        "batch_size": batch,
-        "grad_accum_steps": params.runtime.grad_accum_steps or 1,
-    }
-    if train_tokens is not None:
-        train, validation = train_tokens, validation_tokens
-        identities = (_identity(train_tokens), _identity(validation_tokens))
-    else:
-        from gptcore.data.synthetic import synthetic_stream
-
-        window, vocab = params.model.architecture.block_size + 1, params.tokenizer.vocab_size
-        train = synthetic_stream(vocab, window * limits.training_examples, seed=1)
-        validation = synthetic_stream(vocab, window * limits.validation_examples, seed=2, split="validation")
-        identities = (f"synthetic:{vocab}:seed1", f"synthetic:{vocab}:seed2")
-    data_params = {
-        "data.train_tokens": identities[0],
-        "data.validation_tokens": identities[1],
-        "data.tokenizer": _identity(tokenizer),
-    }
-    return ComparisonPlan(axis, chosen, base, limits, train, validation, data_params)
-
-
-def train_side(
-    params: Any,
-    plan: ComparisonPlan,
-    side: Side,
-    callback: TrainingCallback,
-    checkpoint_directory: Path | None = None,
-) -> None:
-    """One bounded run of the smoke section, with the side's runtime; `callback` records it; with a
-    `checkpoint_directory`, the trained model is kept there as `final.pt`."""
-    from gptcore.config import RuntimeConfig
-    from gptcore.train.job import TrainJob
-    from gptcore.train.trainer import train
-
-    limits = plan.limits
-    runtime = RuntimeConfig(**{**params.runtime.model_dump(exclude={"cpu", "gpu"}), **side.runtime})
-    training = params.training_section("smoke").model_copy(
-        update={
-            "eval_at_start": False,
-            "max_steps": limits.max_steps,
-            "epochs": limits.epochs,
-            "training_examples": limits.training_examples,
-            "validation_examples": limits.validation_examples,
-            "log_every": max(1, limits.max_steps // 5),
-            "eval_every": limits.max_steps,
-            "checkpoint_every": limits.max_steps + 1,
-        }
-    )
-    job = TrainJob(
-        model=params.model.architecture,
-        runtime=runtime,
-        training=training,
-        train_tokens=plan.train,
-        validation_tokens=plan.validation,
-        device_defaults=params.defaults_for,
-        metadata=getattr(callback, "metadata", {}),
-        checkpoint_directory=checkpoint_directory,
-    )
-    train(job, callback)
-
-
 # --- inference rows of a precision comparison ---------------------------------------------------------
 
 INFERENCE_REFERENCE = "fp32"
@@ -282,35 +197,11 @@ def inference_side(plan: ComparisonPlan) -> Side | None:
     return next((side for side in plan.sides() if side.runtime["precision"] == INFERENCE_REFERENCE), None)
 
 
-def inference_rows(
-    params: Any, plan: ComparisonPlan, checkpoint: Path, tokenizer: Path | None, folder: Path
-) -> dict[str, Any]:
-    """fp32, bf16 and int8 inference of the fp32 side's trained model on the comparison's own validation
-    windows (`gptcore.eval.quant_tradeoff`): {"rows": [...], "table": markdown}."""
-    from gptcore.checkpoint.load import load_model
-    from gptcore.config import QuantizeConfig
-    from gptcore.data.tokenfile import TokenStream, open_tokens
-    from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown
-    from gptcore.model.quantization import METHODS, cpu_features
-
-    model, _ = load_model(checkpoint)
-    windows = plan.validation if isinstance(plan.validation, TokenStream) else open_tokens(plan.validation)
-    block = model.config.block_size
-    settings = QuantizeConfig(
-        methods=list(METHODS),
-        max_test_tokens=plan.limits.validation_examples * block,
-        new_tokens=32,
-        repeats=3,
-    )  # the windows the comparison validated on; a short, bounded timing
-    rows = measure_tradeoff(model, settings.methods, windows, tokenizer, settings, params.evaluate, folder)
-    return {"rows": [row.to_dict() for row in rows], "table": tradeoff_markdown(rows, cpu_features())}
-
-
 class RunRecord(TrainingCallback):
     """A run recorded in memory as MLflow would hold it: params as text, each metric's latest value."""
 
-    def __init__(self, params: dict[str, Any] | None = None) -> None:
-        self.extra = dict(params or {})
+    def __init__(self, extra: dict[str, Any] | None = None) -> None:
+        self.extra = dict(extra or {})  # params the trainer does not report: the profile, the data
         self.params: dict[str, str] = {}
         self.metrics: dict[str, float] = {}
 
@@ -328,22 +219,3 @@ class RunRecord(TrainingCallback):
 
     def record(self) -> dict[str, Any]:
         return {"run_id": None, "params": self.params, "metrics": self.metrics}
-
-
-def compare_in_memory(params: Any, plan: ComparisonPlan, tokenizer: Path | None = None) -> dict[str, Any]:
-    """Both sides trained and compared, with nothing recorded outside this process (a precision
-    comparison adds the fp32 side's model in each precision: `inference_rows`)."""
-    import tempfile
-
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="gptpipe-compare-") as scratch:
-        kept = inference_side(plan)
-        for side in plan.sides():
-            record = RunRecord({**profile_params(params), **plan.data_params})
-            train_side(params, plan, side, record, Path(scratch) / "model" if side == kept else None)
-            runs.append(record.record())
-        result = compare_records(runs, plan.axis)
-        if kept is not None:
-            model = Path(scratch) / "model" / "final.pt"
-            result["inference"] = inference_rows(params, plan, model, tokenizer, Path(scratch) / "rows")
-    return result

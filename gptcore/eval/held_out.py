@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from gptcore.checkpoint.load import load_model
-from gptcore.config import EvaluateConfig
 from gptcore.data.batches import open_examples, unigram_loss
 from gptcore.data.tokenfile import TokenStream, check_tokenizer, open_tokens
 from gptcore.errors import DataError
+from gptcore.eval.config import EvaluateConfig
 from gptcore.generate import sample
 from gptcore.model.gpt import GPT
 from gptcore.train.validate import bits_per_byte

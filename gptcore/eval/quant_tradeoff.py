@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from gptcore.config import EvaluateConfig, QuantizeConfig
 from gptcore.data.tokenfile import TokenStream
 from gptcore.errors import first_line
+from gptcore.eval.config import EvaluateConfig, QuantizeConfig
 from gptcore.eval.held_out import held_out_prompts, stream_bits_per_byte, summed_nats
 from gptcore.export.model_files import write_model_files
 from gptcore.generate import sample

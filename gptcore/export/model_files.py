@@ -15,8 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptcore.config import ModelConfig
 from gptcore.errors import DataError
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 
 WEIGHTS = "model.safetensors"

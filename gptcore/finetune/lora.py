@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptcore.config import LoRAConfig, ModelConfig
 from gptcore.errors import ConfigError
+from gptcore.finetune.config import LoRAConfig
+from gptcore.model.config import ModelConfig
 
 
 class LoRALinear(nn.Module):

@@ -11,9 +11,10 @@ from typing import Any
 
 from torch import nn
 
-from gptcore.config import LoRAConfig, ModelConfig
 from gptcore.errors import ConfigError
+from gptcore.finetune.config import LoRAConfig
 from gptcore.finetune.lora import apply_lora
+from gptcore.model.config import ModelConfig
 from gptcore.tools.fingerprint import sha256_file
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gptcore.config import ModelConfig
+from gptcore.model.config import ModelConfig
 from gptcore.model.cross_entropy import cross_entropy
 from gptcore.model.kv_cache import KVCache, LayerCache, attention_mask
 

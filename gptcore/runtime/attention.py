@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gptcore.config import ModelConfig
+from gptcore.model.config import ModelConfig
 
 NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 

@@ -20,9 +20,9 @@ from typing import Any
 import psutil
 import torch
 
-from gptcore.config import ModelConfig
 from gptcore.errors import ConfigError, TrainingError, first_line
-from gptcore.runtime.device import Runtime
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import StepMemory, is_out_of_memory
 
 MARGIN = 0.10  # the share of the memory kept free: fragmentation, a longer batch, another process

@@ -11,66 +11,34 @@ from __future__ import annotations
 import contextlib
 import platform
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from gptcore.config import ConcreteDevice, ConcretePrecision, DeviceDefaults, ModelProfile, RuntimeConfig
 from gptcore.errors import DeviceError, first_line
 from gptcore.runtime import malloc as host_memory
+from gptcore.runtime.config import ConcreteDevice, ConcretePrecision, DeviceDefaults, RuntimeConfig
+from gptcore.runtime.decided import Runtime
 from gptcore.runtime.precision_speed import (
-    DTYPES,
     PrecisionSpeeds,
     measure_precision_speeds,
     slower_than_fp32_warning,
 )
 
 
-@dataclass(frozen=True)
-class Runtime:
-    """A resolved runtime: what the trainer runs with, and what the startup line reports."""
-
-    device: ConcreteDevice
-    precision: ConcretePrecision
-    batch_size: int
-    grad_accum_steps: int
-    batch_size_source: str  # "configured", or how `auto` was decided: "probed" (CUDA) or "estimated"
-    effective_batch_target: int | None  # runtime.effective_batch_size: the accumulation follows it
-    workers: int
-    fused_adamw: bool
-    tf32_enabled: bool
-    tensor_cores_enabled: bool
-    pin_memory: bool
-    compile: bool
-    compile_source: str  # "requested", or why `auto` chose it
-    activation_checkpointing: bool
-    cpu_threads: int
-    precision_source: str  # "requested" or "profile default" or why auto chose it
-    # An explicit precision that trains slower than fp32 on this device, measured (precision_speed).
-    precision_warning: str | None
-    host_allocator: str  # glibc malloc settings this process runs with (gptcore.runtime.malloc)
+class DefaultsTable(Protocol):
+    """Defaults per kind of device, as a model profile holds them."""
 
     @property
-    def dtype(self) -> torch.dtype:
-        return DTYPES[self.precision]
+    def cpu(self) -> DeviceDefaults: ...
 
     @property
-    def uses_grad_scaler(self) -> bool:
-        return self.precision == "fp16"
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Mixed precision for the forward pass; fp32 runs without autocast at all."""
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device, dtype=self.dtype)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def gpu(self) -> DeviceDefaults: ...
 
 
-DefaultsSource = Callable[[str], DeviceDefaults] | ModelProfile
+DefaultsSource = Callable[[str], DeviceDefaults] | DefaultsTable
 
 
 def _defaults(source: DefaultsSource, request: RuntimeConfig, device: str) -> DeviceDefaults:

@@ -17,8 +17,8 @@ from functools import cache
 
 import torch
 
-from gptcore.config import ModelConfig
-from gptcore.runtime.device import Runtime
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import StepMemory
 from gptcore.runtime.precision_speed import DTYPES, synchronize
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from gptcore.config import ModelConfig
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT, LOSS_CHUNK_TOKENS
 from gptcore.runtime import malloc as host_memory
-from gptcore.runtime.device import Runtime
+from gptcore.runtime.decided import Runtime
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")

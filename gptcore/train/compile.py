@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from gptcore.errors import TrainingError, first_line
-from gptcore.runtime.device import Runtime
+from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import is_out_of_memory
 
 

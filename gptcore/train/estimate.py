@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gptcore.config import TrainingConfig
+from gptcore.train.config import TrainingConfig
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gptcore.config import ModelConfig
 from gptcore.errors import TrainingError
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import INIT_STD
 
 DEFAULT_MAX_SKIPPED_STEPS = 25

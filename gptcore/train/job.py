@@ -1,4 +1,5 @@
-"""A training job: everything one run needs, and how it is built from an iteration's parameters.
+"""A training job: everything one run needs (the pipeline builds one from a parameter file:
+`tasks.params.jobs`).
 
 Setup (`gptcore.train.setup`), the trainer and a rank's entry point (`gptcore.train.multiprocess`) all
 start from a job; none of them needs the trainer to know what a job holds.
@@ -10,19 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptcore.config import (
-    DeviceDefaults,
-    LoRAConfig,
-    ModelConfig,
-    PipelineParams,
-    RuntimeConfig,
-    TrainingConfig,
-)
 from gptcore.data.tokenfile import TokenStream
-from gptcore.errors import ConfigError
+from gptcore.finetune.config import LoRAConfig
+from gptcore.model.config import ModelConfig
 from gptcore.runtime.batch_size import BatchChoice
-from gptcore.runtime.device import DefaultsSource
-from gptcore.runtime.precision_speed import PrecisionSpeeds
+from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
+from gptcore.runtime.decided import Runtime
+from gptcore.runtime.device import DefaultsSource, resolve_runtime
+from gptcore.train.config import TrainingConfig
 
 TokenSource = Path | TokenStream
 FALLBACK_DEFAULTS = DeviceDefaults(batch_size=8)  # a job that names no profile and no device defaults
@@ -31,8 +27,8 @@ FALLBACK_DEFAULTS = DeviceDefaults(batch_size=8)  # a job that names no profile 
 @dataclass(frozen=True)
 class TrainJob:
     """Everything one training run needs. `device_defaults` supplies batch size, precision and workers
-    for the resolved device when the runtime request leaves them unset (a ModelProfile or a callable
-    such as `PipelineParams.defaults_for`)."""
+    for the resolved device when the runtime request leaves them unset (a table with `cpu` and
+    `gpu` defaults, such as a model profile, or a callable)."""
 
     model: ModelConfig
     runtime: RuntimeConfig
@@ -53,32 +49,13 @@ class TrainJob:
     follows: TrainingConfig | None = None
     follows_world_size: int | None = None  # the ranks the run it follows trains on; None: this run's
     batch: BatchChoice | None = None  # a batch decided before (the smoke stage's `auto`); None: decide
-    # The device stage's precision probe, so `precision: auto` decides as that stage did; None: measure.
-    precision_speeds: PrecisionSpeeds | None = None
+    # The runtime decided before (the pipeline's device stage): what the run trains with; None: the
+    # trainer resolves `runtime` itself.
+    decided: Runtime | None = None
     # Fine-tuning: the trained model's weights the run starts from (model files: gptcore.finetune.start),
     # and the low-rank adapters it trains on them instead of every weight.
     init_weights: Path | None = None
     lora: LoRAConfig | None = None
-
-    @classmethod
-    def from_params(cls, params: PipelineParams, stage: str = "full", **fields: Any) -> TrainJob:
-        """A job for the `smoke` or `full` section of an iteration's parameters; a smoke job trains
-        the full run's first steps (its optimizer, unless the smoke section names one, and schedule)."""
-        smoke = stage == "smoke"
-        tune = params.finetune  # a fine-tune starts from the base's weights, with adapters for LoRA
-        if tune is not None and tune.weights is None:
-            raise ConfigError("finetune.weights: unset: `gptpipe finetune` resolves finetune.model to it")
-        start = {"init_weights": Path(tune.weights), "lora": tune.adapters()} if tune is not None else {}
-        return cls(
-            model=params.model.architecture,
-            runtime=params.runtime,
-            training=params.training_section("smoke" if smoke else "full"),
-            device_defaults=params.defaults_for,
-            follows=params.full if smoke else None,
-            follows_world_size=_full_world_size(params) if smoke else None,
-            **start,
-            **fields,
-        )
 
     @property
     def writes_checkpoints(self) -> bool:
@@ -93,9 +70,9 @@ class TrainJob:
             (self.runtime.gpu if device == "cuda" else self.runtime.cpu) or FALLBACK_DEFAULTS
         )
 
-
-def _full_world_size(params: PipelineParams) -> int:
-    """The processes full training runs on (`runtime.nproc`, `auto` resolved on this machine)."""
-    from gptcore.distributed.torchrun import resolve_nproc
-
-    return resolve_nproc(params.runtime.nproc, params.runtime.device)
+    def decide_runtime(self) -> Runtime:
+        """The runtime the run trains with: the one decided before, with this process's own facts
+        (threads, heap), or else `runtime` resolved here."""
+        if self.decided is not None:
+            return self.decided.in_this_process()
+        return resolve_runtime(self.runtime, self.defaults())

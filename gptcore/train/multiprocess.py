@@ -18,36 +18,26 @@ from typing import Any
 
 import numpy as np
 
-from gptcore.config import (
-    DeviceDefaults,
-    FullTrainingConfig,
-    LoRAConfig,
-    ModelConfig,
-    RuntimeConfig,
-    SmokeConfig,
-    TrainingConfig,
-)
 from gptcore.data.tokenfile import TokenStream, open_tokens
 from gptcore.errors import GptpipeError
+from gptcore.finetune.config import LoRAConfig
+from gptcore.model.config import ModelConfig
 from gptcore.runtime.batch_size import BatchChoice
-from gptcore.runtime.precision_speed import PrecisionSpeeds
+from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
+from gptcore.runtime.decided import Runtime
 from gptcore.train.callbacks import CallbackList, TrainingCallback
+from gptcore.train.config import TrainingConfig
 from gptcore.train.job import TrainJob
 
 RANK_MODULE = "gptcore.train.multiprocess"  # this module: torchrun runs it once per rank
-_SECTIONS = {cls.__name__: cls for cls in (TrainingConfig, SmokeConfig, FullTrainingConfig)}
 
 
 def _section(value: TrainingConfig | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    return {"kind": type(value).__name__, "settings": value.model_dump(mode="json")}
+    return TrainingConfig.of(value).model_dump(mode="json") if value is not None else None
 
 
 def _load_section(data: dict[str, Any] | None) -> TrainingConfig | None:
-    if data is None:
-        return None
-    return _SECTIONS[data["kind"]].model_validate_json(json.dumps(data["settings"]))
+    return TrainingConfig.model_validate_json(json.dumps(data)) if data is not None else None
 
 
 def _source(source: Path | TokenStream | None, folder: Path, name: str) -> dict[str, str] | None:
@@ -81,7 +71,7 @@ def save_job(job: TrainJob, folder: Path) -> Path:
         "follows": _section(job.follows),
         "follows_world_size": job.follows_world_size,
         "batch": asdict(job.batch) if job.batch else None,
-        "precision_speeds": job.precision_speeds.to_dict() if job.precision_speeds else None,
+        "decided": job.decided.to_dict() if job.decided else None,
         "train_tokens": _source(job.train_tokens, folder, "train"),
         "validation_tokens": _source(job.validation_tokens, folder, "validation"),
         "checkpoint_directory": str(job.checkpoint_directory) if job.checkpoint_directory else None,
@@ -118,7 +108,7 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
         follows=_load_section(data["follows"]),
         follows_world_size=data["follows_world_size"],
         batch=BatchChoice(**data["batch"]) if data.get("batch") else None,
-        precision_speeds=PrecisionSpeeds.from_record(data.get("precision_speeds")),
+        decided=Runtime.from_dict(data["decided"]) if data.get("decided") else None,
         train_tokens=_load_source(data["train_tokens"]),
         validation_tokens=_load_source(data["validation_tokens"]),
         checkpoint_directory=Path(directory) if directory else None,

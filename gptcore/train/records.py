@@ -225,14 +225,6 @@ EVAL_METRICS = EvalRecord.names(METRIC)
 END_METRICS = SummaryRecord.names(METRIC)
 
 
-def profile_params(params: Any) -> dict[str, Any]:
-    """The model profile as `model.*` params: its name and architecture."""
-    profile = params.model
-    values: dict[str, Any] = {"model.profile": profile.name}
-    values.update({f"model.{k}": v for k, v in profile.architecture.model_dump().items()})
-    return values
-
-
 def finite_metrics(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
     """The named entries that are real numbers (None, NaN and infinities are left out)."""
     chosen = {}

@@ -12,17 +12,18 @@ import torch
 
 from gptcore.checkpoint.files import state_bytes
 from gptcore.checkpoint.manager import Checkpointer
-from gptcore.config import TrainingConfig
 from gptcore.data.batches import ExampleSet, StepPlan
 from gptcore.finetune.lora import trainable_parameters
 from gptcore.model.gpt import GPT
 from gptcore.runtime.attention import attention_backend
 from gptcore.runtime.batch_size import BatchChoice
-from gptcore.runtime.device import Runtime, device_report
+from gptcore.runtime.decided import Runtime
+from gptcore.runtime.device import device_report
 from gptcore.runtime.flops import FLOP_FORMULA, RunMeasures, Throughput
 from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import TrainingMemory, peak_memory_bytes
 from gptcore.train.compile import compiled_graphs
+from gptcore.train.config import TrainingConfig
 from gptcore.train.job import TrainJob
 from gptcore.train.records import StartupRecord, SummaryRecord
 from gptcore.train.schedule import WarmupCosine

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from gptcore.checkpoint.manager import Checkpointer, RunIdentity, TrainingParts
-from gptcore.config import TrainingConfig
 from gptcore.data.batches import ExampleSet, StepPlan, open_examples
 from gptcore.data.tokenfile import MANIFEST_SUFFIX, TokenStream, read_manifest
 from gptcore.distributed.group import agree_on_min, all_reduce_sum
@@ -29,8 +28,9 @@ from gptcore.runtime.batch_size import (
     probe_step,
     probed_choice,
 )
-from gptcore.runtime.device import Runtime
+from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import StepMemory
+from gptcore.train.config import TrainingConfig
 from gptcore.train.guards import DivergenceGuard, NonFiniteGuard
 from gptcore.train.job import TrainJob
 from gptcore.train.schedule import WarmupCosine

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gptcore.runtime.device import Runtime
+from gptcore.runtime.decided import Runtime
 from gptcore.train.guards import NonFiniteGuard
 from gptcore.train.schedule import WarmupCosine
 

@@ -28,7 +28,8 @@ from gptcore.errors import GptpipeError, TrainingError, first_line
 from gptcore.finetune.start import start_from
 from gptcore.model.gpt import GPT
 from gptcore.runtime.batch_size import OutOfMemory, memory_budget
-from gptcore.runtime.device import Runtime, apply_runtime, resolve_runtime
+from gptcore.runtime.decided import Runtime
+from gptcore.runtime.device import apply_runtime
 from gptcore.runtime.flops import RunMeasures, Throughput
 from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import StepMemory, TrainingMemory, is_out_of_memory
@@ -80,7 +81,7 @@ class Trainer:
     def __init__(self, job: TrainJob, events: TrainingCallback) -> None:
         self.job, self.events, self.training = job, events, job.training
         t = job.training
-        runtime = apply_runtime(resolve_runtime(job.runtime, job.defaults(), job.precision_speeds))
+        runtime = apply_runtime(job.decide_runtime())
         seed_everything(t.seed)
         self.memory = TrainingMemory.before_model(runtime.device)
         self.model = GPT(job.model)

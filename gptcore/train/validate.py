@@ -15,7 +15,7 @@ import torch
 
 from gptcore.data.batches import BatchLoader, ExampleSet, unigram_loss
 from gptcore.distributed.group import all_reduce_sum, rank_range
-from gptcore.runtime.device import Runtime
+from gptcore.runtime.decided import Runtime
 from gptcore.train.job import TrainJob
 from gptcore.train.records import EvalRecord
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from prefect import task
 
-from gptcore.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.build import TokenFolderManifest, build_token_files, token_files_fingerprint
+from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.corpus import Corpus, open_corpus
 from gptcore.data.tokenizer import TokenizerManifest, tokenizer_fingerprint, train_tokenizer
 from tasks.caching import fingerprint_key

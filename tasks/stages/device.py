@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from gptcore.config import PipelineParams
+from tasks.params.schema import PipelineParams
 from tasks.results import DeviceResult
 
 
@@ -20,7 +20,7 @@ def device_task(params: PipelineParams) -> DeviceResult:
     report = device_report(runtime.device)
     return DeviceResult(
         device=report,
-        runtime=runtime.to_dict(),
+        runtime=runtime,
         figures={
             "device": runtime.device,
             "precision": runtime.precision,

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from prefect import task
 
-from gptcore.config import PipelineParams
 from gptcore.errors import CheckpointError
 from gptcore.tools.atomic import write_json_atomic, write_text_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
 from tasks.caching import fingerprint_key
+from tasks.params.schema import PipelineParams
 from tasks.results import EvaluateResult, FullResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from prefect import task
 
-from gptcore.config import PipelineParams
 from gptcore.tools.fingerprint import code_version_of, fingerprint
 from tasks.caching import fingerprint_key
+from tasks.params.schema import PipelineParams
 from tasks.results import ExportResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from prefect import task
 
-from gptcore.config import PipelineParams
 from gptcore.errors import ConfigError
 from gptcore.tools.atomic import publish_directory, staging_directory, write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 from tasks.caching import fingerprint_key
+from tasks.params.schema import PipelineParams
 from tasks.results import BaseResult, BeforeAfterResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
 
@@ -85,7 +85,7 @@ def check_base(params: PipelineParams, scratch: Path) -> tuple[Any, dict[str, st
 
 
 def finetune_section(params: PipelineParams, source: str = "the parameter file") -> Any:
-    """The `finetune` section (`gptcore.config.FinetuneConfig`); a ConfigError naming `source` when the
+    """The `finetune` section (`tasks.params.schema.FinetuneConfig`); a ConfigError naming `source` when the
     file has none (a pretraining file)."""
     if params.finetune is None:
         raise ConfigError(f"{source}: finetune: missing section: name the base model to fine-tune there")

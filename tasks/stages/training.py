@@ -15,14 +15,16 @@ from typing import Any
 
 from prefect import task
 
-from gptcore.config import PipelineParams, TrainingConfig
 from gptcore.data.batches import examples_in
 from gptcore.errors import TrainingError
 from gptcore.tools.atomic import write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
+from gptcore.train.config import TrainingConfig
 from gptcore.train.estimate import RunPlan, estimate_run
 from gptcore.train.records import SummaryRecord
 from tasks.caching import fingerprint_key
+from tasks.params.jobs import full_world_size
+from tasks.params.schema import PipelineParams, TrainingStage
 from tasks.prefect_progress import PrefectProgress
 from tasks.results import DeviceResult, FullResult, SmokeResult, TokensResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge, memory_limit
@@ -90,7 +92,7 @@ def _training_fingerprint(
 ) -> str:
     from gptcore.finetune.start import start_identity
 
-    runtime = {key: device.runtime[key] for key in _RUNTIME_KEYS if key in device.runtime}
+    runtime = {key: getattr(device.runtime, key) for key in _RUNTIME_KEYS}
     machine = {key: device.device.get(key) for key in ("device", "gpu_name", "torch_version")}
     tune = params.finetune  # a fine-tune: the base's weights (by content) and the adapters' settings
     start = start_identity(Path(tune.weights), tune.adapters()) if tune and tune.weights else None
@@ -139,7 +141,7 @@ def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) ->
 
 def full_refusal(params: PipelineParams, device: DeviceResult) -> str | None:
     """Why full training must not start on this machine, or None."""
-    if not params.full.require_cuda or device.runtime["device"] == "cuda":
+    if not params.full.require_cuda or device.runtime.device == "cuda":
         return None
     if params.runtime.device == "cpu" and params.full.max_steps is not None:
         return None  # the parameters explicitly ask for a bounded CPU run
@@ -152,7 +154,7 @@ def full_refusal(params: PipelineParams, device: DeviceResult) -> str | None:
 
 def _train(
     params: PipelineParams,
-    stage: str,
+    stage: TrainingStage,
     tokens: TokensResult,
     device: DeviceResult,
     directory: Path,
@@ -161,51 +163,35 @@ def _train(
     nproc: int = 1,
     batch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One gptcore training run, in this process or on `nproc` local processes under torchrun (their
-    events replayed into `callbacks` here), holding the device's slot (`tasks.device_slot`); the trainer
-    writes checkpoints into `directory`."""
+    """One training of the stage (`tasks.training_launch`), in this process or on `nproc` local
+    processes under torchrun, holding the device's slot (`tasks.device_slot`), with the device stage's
+    decisions (its precision probe; the smoke stage's `auto` batch); checkpoints go into `directory`."""
+    from gptcore.distributed.torchrun import LaunchSpec
     from gptcore.runtime.batch_size import BatchChoice
-    from gptcore.runtime.precision_speed import PrecisionSpeeds
-    from gptcore.train.callbacks import CallbackList
-    from gptcore.train.job import TrainJob
     from gptcore.train.progress_bar import ProgressBar, wants_progress_bar
-    from gptcore.train.trainer import train
     from tasks.device_slot import device_slot
-    from tasks.tracking import training_metadata
+    from tasks.training_launch import launch_training
 
-    job = TrainJob.from_params(
-        params,
-        stage,
-        train_tokens=Path(tokens.train),
-        validation_tokens=Path(tokens.validation),
-        checkpoint_directory=directory,
-        resume=resume,
-        tokenizer=Path(tokens.tokenizer_path),
-        extra_fingerprint={"tokens": tokens.fingerprint},
-        metadata=training_metadata(callbacks),  # checkpoints carry the MLflow run id for resume
-        batch=BatchChoice(**batch) if batch else None,
-        precision_speeds=PrecisionSpeeds.from_record(device.device.get("precision_speeds")),
-    )
     if wants_progress_bar():
         callbacks = [*callbacks, ProgressBar(f"{stage} iteration {params.iteration}")]
-    with device_slot(device.runtime["device"], nproc, announce):  # one training per device at a time
-        if nproc == 1:
-            return train(job, CallbackList(callbacks))
-        return _train_launched(job, stage, directory, callbacks, resume, nproc)
-
-
-def _train_launched(
-    job: Any, stage: str, directory: Path, callbacks: list[Any], resume: bool, nproc: int
-) -> dict[str, Any]:
-    from gptcore.distributed.torchrun import LaunchSpec
-    from gptcore.train.multiprocess import launch_job
-    from tasks.tracking import open_training_run
-
-    open_training_run(callbacks, directory if resume else None)  # its id in the job, so in checkpoints
-    code, summary, failure = launch_job(job, LaunchSpec(nproc), callbacks, on_text=_logger().info)
-    if code != 0 or summary is None:
-        reason = failure or "see the run's logs"
-        raise TrainingError(f"{stage} training on {nproc} processes failed with exit code {code}: {reason}")
+    with device_slot(device.runtime.device, nproc, announce):  # one training per device at a time
+        summary = launch_training(
+            params,
+            stage,
+            callbacks,
+            LaunchSpec(nproc) if nproc > 1 else None,
+            on_text=_logger().info,
+            train_tokens=Path(tokens.train),
+            validation_tokens=Path(tokens.validation),
+            checkpoint_directory=directory,
+            resume=resume,
+            tokenizer=Path(tokens.tokenizer_path),
+            extra_fingerprint={"tokens": tokens.fingerprint},
+            batch=BatchChoice(**batch) if batch else None,
+            decided=device.runtime,  # the device stage's decision is what the run trains with
+        )
+    if summary is None:  # one node, so rank 0's: only a run that reported nothing gets here
+        raise TrainingError(f"{stage} training ended without a summary; see the run's logs")
     return summary
 
 
@@ -299,9 +285,8 @@ def data_sizing(
 ) -> DataSizing:
     """The full run's tokens (its schedule's steps at its global batch, on its ranks) and the train
     split's, against the model's parameters."""
-    from gptcore.train.job import _full_world_size
 
-    global_batch = int(startup["batch_size"]) * int(startup["grad_accum_steps"]) * _full_world_size(params)
+    global_batch = int(startup["batch_size"]) * int(startup["grad_accum_steps"]) * full_world_size(params)
     return DataSizing(
         parameter_count=int(startup["parameter_count"]),
         train_tokens=int(tokens.figures.get("train_tokens", 0)),
@@ -339,9 +324,7 @@ def full_task(
     planned = smoke.full_planned_steps or params.full.max_steps or 1
     progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
     callbacks = [progress, *run_context.get("callbacks", [])]
-    from gptcore.distributed.torchrun import resolve_nproc
-
-    nproc = resolve_nproc(params.runtime.nproc, params.runtime.device)
+    nproc = full_world_size(params)
     batch = reused_batch(params, smoke)
     resume = resume_from is not None
     summary = _train(params, "full", tokens, device, directory, callbacks, resume, nproc, batch)

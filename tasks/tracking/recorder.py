@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.tools.fingerprint import sha256_file
-from gptcore.train.records import finite_metrics, profile_params
+from gptcore.train.records import finite_metrics
 from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
 from tasks.tracking.datasets import token_file_inputs
 from tasks.tracking.delivery.writer import RunWriter
@@ -90,7 +90,7 @@ class PipelineRecorder:
             )
         recorder = cls(session, parent, writer, params, name)
         writer.log_artifact(parent, params_path, "params")
-        writer.log_params(parent, profile_params(params))
+        writer.log_params(parent, params.model.as_params())
         if trial:
             swept = trial.get("values", {})
             writer.log_params(parent, {f"sweep.{key}": value for key, value in swept.items()})
@@ -132,7 +132,10 @@ class PipelineRecorder:
             run_id = self.stage_run(stage)
             if run_id is None:
                 return None  # no stage run to record into: the training goes on untracked
-            params = {**(profile_params(self.params) if self.params is not None else {}), **self.data_params}
+            params = {
+                **(self.params.model.as_params() if self.params is not None else {}),
+                **self.data_params,
+            }
             self.callbacks[stage] = self.session.training_callback(
                 stage,
                 run_id=run_id,

@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from gptcore.config import ParamsLoader, PipelineParams, SweepConfig, load_params
 from gptcore.errors import ConfigError
+from tasks.params.loading import ParamsLoader, load_params
+from tasks.params.schema import PipelineParams, SweepConfig
 
 RANGE = re.compile(r"^\s*([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*\.\.\s*([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*$")
 

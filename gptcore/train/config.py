@@ -1,0 +1,74 @@
+"""One training run's settings: its optimizer, its budget and its cadence (`gptcore.train.trainer`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gptcore.tools.strict import Strict
+
+
+class OptimizerConfig(Strict):
+    """AdamW with warmup then cosine decay (`gptcore.train.schedule`), and gradient clipping."""
+
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0, description="the peak, after warmup")
+    min_learning_rate: float = Field(default=1e-4, ge=0.0, le=10.0, description="the cosine decay's floor")
+    warmup_steps: int = Field(default=20, ge=0, description="optimizer steps of linear warmup")
+    weight_decay: float = Field(default=0.1, ge=0.0, description="on matrices; biases and norms get none")
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="AdamW's first-moment decay")
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0, description="AdamW's second-moment decay")
+    grad_clip: float = Field(
+        default=1.0, ge=0.0, description="the gradient's largest norm; 0 turns clipping off"
+    )
+
+
+class TrainingConfig(Strict):
+    """One training run's budget and cadence."""
+
+    epochs: int = Field(default=1, ge=1, description="passes over the training examples")
+    max_steps: int | None = Field(default=None, ge=1, description="optimizer steps; caps epochs")
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="tokens to train on (every step's inputs), rounded up to whole steps; caps epochs",
+    )
+    training_examples: int | None = Field(default=None, ge=1, description="the first N training windows only")
+    validation_examples: int | None = Field(
+        default=None, ge=1, description="the first N validation windows only"
+    )
+    log_every: int = Field(default=10, ge=1, description="steps between train-loss records")
+    eval_every: int = Field(default=100, ge=1, description="steps between validations")
+    checkpoint_every: int = Field(default=100, ge=1, description="steps between periodic checkpoints")
+    keep_last: int = Field(default=2, ge=1, description="periodic checkpoints kept (best and final besides)")
+    async_checkpoints: bool = Field(
+        default=True, description="write checkpoints on a background thread: the loop waits for a copy only"
+    )
+    max_skipped_steps: int = Field(default=25, ge=1, description="fp16: consecutive overflow skips that stop")
+    eval_at_start: bool = Field(
+        default=False, description="evaluate before the first step: the baseline later ones are judged by"
+    )
+    seed: int = Field(default=1337, description="initial weights, dropout and the examples' order")
+    optimizer: OptimizerConfig = Field(
+        default=OptimizerConfig(), description="the optimizer and its schedule"
+    )
+
+    @classmethod
+    def of(cls, section: TrainingConfig) -> TrainingConfig:
+        """These settings of a section that extends them (a pipeline stage's, with fields of its own):
+        what the trainer reads, and nothing it does not know."""
+        return cls.model_validate(section.model_dump(include=set(cls.model_fields)))
+
+    # What a run of `steps` optimizer steps does, counted from these settings by the trainer's own rules
+    # (a log line every `log_every` steps and at the last; an evaluation, or a periodic checkpoint, every
+    # `every` steps before the last, which always evaluates and writes `final`).
+
+    def logged_losses(self, steps: int) -> int:
+        """Train losses the run logs."""
+        return steps // self.log_every + int(steps % self.log_every != 0)
+
+    def evaluations(self, steps: int) -> int:
+        """Evaluations the run makes (given validation examples): the baseline, periodic ones, the last."""
+        return int(self.eval_at_start) + (steps - 1) // self.eval_every + 1
+
+    def periodic_checkpoints(self, steps: int) -> int:
+        """Checkpoints the run writes every `checkpoint_every` steps (besides best and final)."""
+        return (steps - 1) // self.checkpoint_every

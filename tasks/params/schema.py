@@ -1,0 +1,236 @@
+"""The parameter file's schema: one iteration's pipeline, its stages' sections, sweeps, tracking, paths
+and the fine-tune switch. gptcore's own configurations (model, runtime, data, training, LoRA,
+evaluation) are its sections' types; this layer builds a run's from them (`tasks.params.jobs`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
+from gptcore.eval.config import EvaluateConfig, QuantizeConfig
+from gptcore.finetune.config import LoRAConfig
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import ConcreteDevice, DeviceDefaults, RuntimeConfig
+from gptcore.tools.strict import Strict
+from gptcore.train.config import OptimizerConfig, TrainingConfig
+
+TrainingStage = Literal["smoke", "full"]
+STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export", "quantize")
+# A fine-tune's stages (flows.finetune): the base model in place of a tokenizer, its training `finetune`,
+# and the before/after measurement on the new corpus's test split and the base corpus's.
+FINETUNE_STAGES = ("base", "tokens", "device", "smoke", "finetune", "evaluate", "before-after")
+FinetuneMethod = Literal["lora", "full"]
+
+
+class ModelProfile(Strict):
+    """A model of `params/profiles/`: its architecture and what it runs with on each kind of device."""
+
+    name: str = Field(description="the profile's name, recorded as the model.profile param")
+    architecture: ModelConfig = Field(description="the GPT's shape")
+    cpu: DeviceDefaults = Field(description="batch, precision and workers on the CPU")
+    gpu: DeviceDefaults = Field(description="batch, precision and workers on an accelerator (CUDA, MPS)")
+
+    def as_params(self) -> dict[str, Any]:
+        """The profile as `model.*` run params: its name and architecture."""
+        return {"model.profile": self.name} | {
+            f"model.{key}": value for key, value in self.architecture.model_dump().items()
+        }
+
+
+class SmokeConfig(TrainingConfig):
+    """A bounded run that proves the full run's configuration trains and fits, and measures throughput:
+    the full run's first steps, with its optimizer and its learning-rate schedule (warmup included)."""
+
+    max_steps: int | None = Field(default=20, ge=2, description="optimizer steps; caps epochs")
+    log_every: int = Field(default=5, ge=1, description="steps between train-loss records")
+    eval_every: int = Field(default=20, ge=1, description="steps between validations")
+    checkpoint_every: int = Field(default=1000, ge=1, description="steps between periodic checkpoints")
+    eval_at_start: bool = Field(
+        default=True, description="the untrained model's validation, the gate's baseline"
+    )
+    optimizer: OptimizerConfig | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="unset: the full section's, so the smoke proves that configuration; set it to try "
+        "another on purpose",
+    )
+
+    @model_validator(mode="after")
+    def _gate_can_judge(self) -> SmokeConfig:
+        """The gate compares the first and last train losses and validation losses: a run that cannot
+        log two of each is refused now, not after the stages before it ran."""
+        if self.max_steps is None:  # epochs decide: the length is known only with the data
+            return self
+        logged = self.logged_losses(self.max_steps)
+        if logged < 2:
+            raise ValueError(
+                f"max_steps {self.max_steps} at log_every {self.log_every} logs {logged} train loss; the "
+                f"smoke gate needs 2: set log_every to at most {self.max_steps // 2} or max_steps to at "
+                f"least {2 * self.log_every}"
+            )
+        if not self.eval_at_start:
+            raise ValueError(
+                "eval_at_start false: the smoke gate judges validation from the untrained model's loss on; "
+                "set eval_at_start to true"
+            )
+        return self
+
+
+class FullTrainingConfig(TrainingConfig):
+    """The full training stage's run."""
+
+    require_cuda: bool = Field(default=False, description="stop before full training without CUDA")
+
+
+class FinetuneConfig(Strict):
+    """Adapting a trained model to new text (flows.finetune): the parameter file's corpus is the new
+    text, its `full` section the fine-tune's optimizer, schedule and budget, its `model` the base's
+    architecture (checked against the base's before anything trains)."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,40}$",
+        description="registered as gptpipe-iteration-N-<name>: lowercase letters, digits and dashes",
+    )
+    model: str = Field(
+        description="the base: models:/NAME@ALIAS, models:/NAME/VERSION or a model-files folder "
+        "(gptpipe finetune --model overrides it)"
+    )
+    method: FinetuneMethod = Field(default="lora", description="lora (adapters alone train) or full")
+    compare: bool = Field(
+        default=True, description="also train the other method on the same data and steps, side by side"
+    )
+    lora: LoRAConfig = Field(default=LoRAConfig(), description="the adapters a LoRA fine-tune trains")
+    base_test_tokens: str | None = Field(
+        default=None,
+        description="the base corpus's test split (test.bin or its manifest), to measure what was "
+        "forgotten; unset: the newest one under paths.data_root made with the base's tokenizer",
+    )
+    weights: str | None = Field(
+        default=None, description="set by the base stage: the base's model files, resolved from `model`"
+    )
+
+    def methods(self) -> list[FinetuneMethod]:
+        """The methods a run trains: `method`, then the other one when `compare`."""
+        other: FinetuneMethod = "full" if self.method == "lora" else "lora"
+        return [self.method, other] if self.compare else [self.method]
+
+    def adapters(self) -> LoRAConfig | None:
+        """The adapters the training puts on the base (None: every weight trains)."""
+        return self.lora if self.method == "lora" else None
+
+
+class TrackingConfig(Strict):
+    """Where the pipeline's MLflow records go."""
+
+    uri: str | None = Field(default=None, description="MLFLOW_TRACKING_URI wins; else the local store")
+    artifact_root: str = Field(default="mlruns/artifacts", description="a new experiment's artifact location")
+    experiment: str = Field(default="gptpipe", description="the MLflow experiment runs are recorded in")
+    system_metrics: bool = Field(default=True, description="CPU, memory and GPU samples in each training run")
+    registered_model: str | None = Field(
+        default=None, description="the evaluate stage's registered model (None: gptpipe-iteration-N)"
+    )
+
+
+class ExportConfig(Strict):
+    """Exports of the evaluated checkpoint after the evaluate stage."""
+
+    hf: bool = Field(default=False, description="a Hugging Face GPT-2 folder (gptcore.export.hf)")
+
+
+class QuantizeSection(QuantizeConfig):
+    """The quantize stage: the evaluated checkpoint's trade-off table (empty `methods`: skipped), and
+    whether a quantized model may become the champion."""
+
+    may_hold_champion: bool = Field(
+        default=False, description="a quantized model may take @champion with better test bits per byte"
+    )
+
+    @model_validator(mode="after")
+    def _comparable_with_the_champion(self) -> QuantizeSection:
+        if self.may_hold_champion and self.max_test_tokens is not None:
+            raise ValueError(
+                f"may_hold_champion needs max_test_tokens unset (it is {self.max_test_tokens}): the "
+                "champion's test bits per byte cover the whole test split"
+            )
+        return self
+
+
+class SweepConfig(Strict):
+    """Trials of the pipeline that each override some keys (`tasks.params.sweep`): a grid over lists of
+    values, or `random` combinations, where a value may also be a range `low..high` (log-uniform)."""
+
+    grid: dict[str, list[Any] | str] = Field(
+        default_factory=dict, description="key path (as --set takes it) -> its values, or low..high"
+    )
+    random: int | None = Field(default=None, ge=1, description="N random combinations instead of the grid")
+    seed: int = Field(default=0, description="the random combinations' seed")
+    parallel: int | None = Field(
+        default=None, ge=1, description="trials at once on this machine (default: its number of devices)"
+    )
+
+
+class PathsConfig(Strict):
+    """Where the pipeline's files go, relative to the working folder unless absolute."""
+
+    data_root: str = Field(default="data", description="tokenizers, token files and fine-tunes' bases")
+    checkpoint_root: str = Field(default="checkpoints", description="runs' checkpoints and stage outputs")
+
+
+class PipelineParams(Strict):
+    """One iteration's parameter file, with its model profile resolved."""
+
+    iteration: int = Field(ge=1, description="the iteration's number: names runs and registered models")
+    model: ModelProfile = Field(description="the model profile (a name in the file, resolved on load)")
+    corpus: CorpusConfig = Field(default=CorpusConfig(), description="where documents come from")
+    tokenizer: TokenizerConfig = Field(default=TokenizerConfig(), description="the tokenizer stage")
+    data: DataConfig = Field(default=DataConfig(), description="the tokens stage's build")
+    runtime: RuntimeConfig = Field(default=RuntimeConfig(), description="device, precision, batch, processes")
+    smoke: SmokeConfig = Field(default=SmokeConfig(), description="the smoke stage's bounded run")
+    full: FullTrainingConfig = Field(default=FullTrainingConfig(), description="the full training stage")
+    evaluate: EvaluateConfig = Field(default=EvaluateConfig(), description="the evaluate stage")
+    export: ExportConfig = Field(default=ExportConfig(), description="the export stage")
+    quantize: QuantizeSection = Field(default=QuantizeSection(), description="the quantize stage")
+    sweep: SweepConfig = Field(default=SweepConfig(), description="`gptpipe sweep`'s trials")
+    tracking: TrackingConfig = Field(default=TrackingConfig(), description="the MLflow store")
+    paths: PathsConfig = Field(default=PathsConfig(), description="where files go")
+    finetune: FinetuneConfig | None = Field(
+        default=None, description="a fine-tune's parameter file (gptpipe finetune): the base and method"
+    )
+
+    @model_validator(mode="after")
+    def _tokenizer_fits_model(self) -> PipelineParams:
+        if self.finetune is None and self.tokenizer.vocab_size > self.model.architecture.vocab_size:
+            raise ValueError(
+                f"tokenizer.vocab_size {self.tokenizer.vocab_size} exceeds the model's vocabulary "
+                f"{self.model.architecture.vocab_size}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _finetune_keeps_the_base_tokenizer(self) -> PipelineParams:
+        if self.finetune is not None and "tokenizer" in self.model_fields_set:
+            raise ValueError(
+                "tokenizer: a fine-tune encodes its corpus with the base model's tokenizer, never a new "
+                "vocabulary: remove the tokenizer section"
+            )
+        return self
+
+    def training_section(self, stage: TrainingStage) -> TrainingConfig:
+        """The settings a stage trains with: the smoke section takes the full section's optimizer unless
+        it names its own (`smoke_optimizer_source`)."""
+        if stage == "full":
+            return self.full
+        return self.smoke.model_copy(update={"optimizer": self.smoke.optimizer or self.full.optimizer})
+
+    @property
+    def smoke_optimizer_source(self) -> Literal["smoke", "full"]:
+        """Whose optimizer settings the smoke run trains with."""
+        return "smoke" if self.smoke.optimizer is not None else "full"
+
+    def defaults_for(self, device: ConcreteDevice) -> DeviceDefaults:
+        """The runtime defaults for a resolved device: the parameter file's, else the profile's (an
+        accelerator, CUDA or Apple's MPS, takes the `gpu` ones)."""
+        if device != "cpu":
+            return self.runtime.gpu or self.model.gpu
+        return self.runtime.cpu or self.model.cpu
