@@ -77,8 +77,8 @@ def measure(profile: str, steps: int, background: bool) -> dict:
         "periodic_stalls": periodic,
         "stall_per_checkpoint": statistics.mean(periodic),
         "write_seconds": statistics.mean(writes),
-        "checkpoint_stall_seconds": summary["checkpoint_stall_seconds"],
-        "tokens_per_second": summary["tokens_per_second"],
+        "checkpoint_stall_seconds": summary.checkpoint_stall_seconds,
+        "tokens_per_second": summary.tokens_per_second,
     }
 
 

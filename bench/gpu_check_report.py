@@ -244,12 +244,13 @@ def run_estimate(smoke: dict[str, Any], full: dict[str, Any]) -> Any:
     `smoke`'s figures, its plan counted from `full`'s settings; None without both."""
     from gptcore.train.config import TrainingConfig
     from gptcore.train.estimate import RunPlan, estimate_run
+    from gptcore.train.records import SummaryRecord
 
     if not full.get("steps") or full.get("eval_every") is None:
         return None
     settings = {key: full[key] for key in ("eval_every", "eval_at_start", "checkpoint_every")}
     plan = RunPlan.of(TrainingConfig(**settings), full["steps"], full.get("validation_examples") or 0)
-    return estimate_run(smoke, plan)
+    return estimate_run(SummaryRecord.from_dict(smoke), plan)  # the summary line's figures
 
 
 def _figure(value: float | None, form: str) -> str:

@@ -55,10 +55,10 @@ def measure(profile: str, batch: int, precision: str, checkpointing: bool, steps
         "batch_size": batch,
         "precision": precision,
         "activation_checkpointing": checkpointing,
-        "estimated_peak_memory_bytes": summary["estimated_peak_memory_bytes"],
-        "training_peak_memory_bytes": summary["training_peak_memory_bytes"],
-        "peak_memory_bytes": summary["peak_memory_bytes"],
-        "steps_per_second": summary["steps_per_second"],
+        "estimated_peak_memory_bytes": summary.estimated_peak_memory_bytes,
+        "training_peak_memory_bytes": summary.training_peak_memory_bytes,
+        "peak_memory_bytes": summary.peak_memory_bytes,
+        "steps_per_second": summary.steps_per_second,
     }
 
 

@@ -49,21 +49,21 @@ class Timed(TrainingCallback):
         getattr(self.inner, name)(*args)
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
-    def on_start(self, startup: dict[str, Any]) -> None:
+    def on_start(self, startup: Any) -> None:
         self._time("on_start", startup)
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        self.steps = metrics["step"]
-        self._time("on_step", metrics)
+    def on_step(self, record: Any) -> None:
+        self.steps = record.step
+        self._time("on_step", record)
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        self._time("on_eval", metrics)
+    def on_eval(self, record: Any) -> None:
+        self._time("on_eval", record)
 
     def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
         self._time("on_checkpoint", path, info)
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self.summary = summary
+    def on_end(self, summary: Any) -> None:
+        self.summary = summary.to_dict()
         self._time("on_end", summary)
 
 

@@ -90,10 +90,10 @@ class PairedTiming(TrainingCallback):
         self.steps: list[tuple[float, float]] = []  # (step seconds, peak FLOP/s right after)
         self.last_exit: float | None = None
 
-    def on_start(self, startup: dict[str, Any]) -> None:
+    def on_start(self, startup: Any) -> None:
         self.last_exit = time.perf_counter()
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
+    def on_step(self, record: Any) -> None:
         entry = time.perf_counter()
         seconds = entry - self.last_exit
         if self.first_step_seconds is None:
@@ -132,7 +132,7 @@ def run(precision: str, steps: int, compile_: bool) -> dict:
 
 
 def figures(
-    precision: str, compile_: bool, arch: ModelConfig, summary: dict, timing: PairedTiming, probe: MatmulProbe
+    precision: str, compile_: bool, arch: ModelConfig, summary: Any, timing: PairedTiming, probe: MatmulProbe
 ) -> dict:
     with torch.device("meta"):
         flops = flops_per_token(arch, GPT(arch).matmul_parameter_count())
@@ -146,7 +146,7 @@ def figures(
         "threads": torch.get_num_threads(),
         "compile": compile_,
         "host_allocator": HOST_ALLOCATOR,
-        "steps": summary["steps"],
+        "steps": summary.steps,
         "steady_steps": len(steady),
         "tokens_per_second": round(step_tokens / median_seconds, 1),
         "tokens_per_second_best": round(step_tokens / min(s for s, _ in steady), 1),
@@ -162,7 +162,7 @@ def figures(
         "mfu": round(step_tokens / min(s for s, _ in steady) * flops / peak, 3),
         "mfu_paired_median": round(paired, 3),
         "mfu_median_vs_best_peak": round(step_tokens / median_seconds * flops / peak, 3),
-        "final_train_loss": summary["final_train_loss"],
+        "final_train_loss": summary.final_train_loss,
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 from gptcore.train.reports import startup_line
 
 log = logging.getLogger(__name__)
@@ -25,43 +26,42 @@ class PrefectProgress(TrainingCallback):
         self.losses: list[float] = []
         self.val_losses: list[float] = []
         self.start_step = 0
-        self.startup: dict[str, Any] = {}  # the trainer's startup record, once it started
+        self.startup: StartupRecord | None = None  # the trainer's startup record, once it started
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        self.startup = dict(startup)
-        self.planned_steps = max(1, int(startup.get("planned_steps") or self.planned_steps))
-        self.start_step = int(startup.get("start_step") or 0)
+    def on_start(self, startup: StartupRecord) -> None:
+        self.startup = startup
+        self.planned_steps = max(1, startup.planned_steps or self.planned_steps)
+        self.start_step = startup.start_step
         _run_logger().info("%s: %s", self.key, startup_line(startup))
-        if startup.get("precision_warning"):
-            _run_logger().warning("%s: %s", self.key, startup["precision_warning"])
+        if startup.precision_warning:
+            _run_logger().warning("%s: %s", self.key, startup.precision_warning)
         self._call(self._create, 100.0 * self.start_step / self.planned_steps)
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        if "train_loss" in metrics:
-            self.losses.append(float(metrics["train_loss"]))
-            self._log_line(metrics)
+    def on_step(self, record: StepRecord) -> None:
+        if record.train_loss is not None:
+            self.losses.append(float(record.train_loss))
+            self._log_line(record)
         now = time.monotonic()
         if now - self._last_update >= self.min_interval:
             self._last_update = now
-            self._call(self._update, 100.0 * int(metrics.get("step", 0)) / self.planned_steps)
+            self._call(self._update, 100.0 * record.step / self.planned_steps)
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        if "val_loss" in metrics:
-            self.val_losses.append(float(metrics["val_loss"]))
+    def on_eval(self, record: EvalRecord) -> None:
+        if record.val_loss is not None:
+            self.val_losses.append(float(record.val_loss))
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_end(self, summary: SummaryRecord) -> None:
         self._call(self._update, 100.0)
 
-    def _log_line(self, metrics: dict[str, Any]) -> None:
+    def _log_line(self, record: StepRecord) -> None:
         """One line per log interval in the run's log, so a long training shows it is alive."""
-        step = int(metrics.get("step", 0))
         _run_logger().info(
             "%s: step %d/%d, train_loss %.4f, %.0f tokens/s",
             self.key,
-            step,
+            record.step,
             self.planned_steps,
-            float(metrics["train_loss"]),
-            float(metrics.get("tokens_per_second") or 0.0),
+            float(record.train_loss),
+            float(record.tokens_per_second or 0.0),
         )
 
     def _create(self, progress: float) -> None:

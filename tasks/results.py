@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gptcore.runtime.decided import Runtime
 from gptcore.tools.fingerprint import sha256_file
+from gptcore.train.records import SummaryRecord
 
 
 class StageResult(BaseModel):
@@ -63,7 +64,7 @@ class SmokeResult(StageResult):
     schedule: dict[str, Any]  # the full run's steps and warmup it followed
     precision: str
     val_losses: list[float]
-    summary: dict[str, Any]  # the trainer's summary record
+    summary: SummaryRecord  # the trainer's
     full_planned_steps: int
     estimated_full_seconds: float
     estimate: dict[str, Any] | None = None  # gptcore.train.estimate.RunTimeEstimate.figures(): its parts
@@ -75,7 +76,7 @@ class SmokeResult(StageResult):
 
 class FullResult(StageResult):
     run_directory: str
-    summary: dict[str, Any]
+    summary: SummaryRecord
 
 
 class EvaluateResult(StageResult):

@@ -17,6 +17,7 @@ from typing import Any
 from gptcore.distributed.torchrun import LaunchSpec
 from gptcore.errors import TrainingError
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import SummaryRecord
 from tasks.params.jobs import full_world_size, train_job
 from tasks.params.schema import PipelineParams, TrainingStage
 
@@ -46,7 +47,7 @@ def launch_training(
     metadata: dict[str, Any] | None = None,
     on_text: Callable[[str], None] = _stderr,
     **job_fields: Any,
-) -> dict[str, Any] | None:
+) -> SummaryRecord | None:
     """Train the `stage` section of `params` with `job_fields` (`TrainJob`'s: token sources, checkpoint
     folder, resume...); `metadata` joins what the checkpoints carry. Returns the run's summary (None on a
     node of a multi-node job that does not hold rank 0); a launch whose ranks failed is a TrainingError

@@ -27,6 +27,7 @@ from gptcore.runtime.memory import StepMemory
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.config import TrainingConfig
 from gptcore.train.job import TrainJob
+from gptcore.train.records import StartupRecord
 from gptcore.train.trainer import train
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300)
@@ -36,8 +37,8 @@ class StartupCapture(TrainingCallback):
     def __init__(self) -> None:
         self.startup: dict[str, Any] = {}
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        self.startup = startup
+    def on_start(self, startup: StartupRecord) -> None:
+        self.startup = startup.to_dict()
 
 
 def out_of_memory_above(limit: int, calls: list[int]) -> Callable[[int], None]:

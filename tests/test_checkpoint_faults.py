@@ -23,6 +23,7 @@ from gptcore.tools.fingerprint import sha256_file
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
+from gptcore.train.records import StartupRecord, StepRecord
 from gptcore.train.trainer import train
 from tests.disk_full_support import half_then_full, leftovers, snapshot
 
@@ -38,11 +39,11 @@ class StopAt(TrainingCallback):
         self.failures: list[str] = []
         self.start: dict[str, Any] = {}
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        self.start = startup
+    def on_start(self, startup: StartupRecord) -> None:
+        self.start = startup.to_dict()
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        if metrics["step"] == self.step:
+    def on_step(self, record: StepRecord) -> None:
+        if record.step == self.step:
             raise KeyboardInterrupt
 
     def on_failure(self, reason: str) -> None:

@@ -12,6 +12,7 @@ import torch
 import gptcore.checkpoint.files as ckpt
 from gptcore.checkpoint.writer import CheckpointWriter, Written, snapshot
 from gptcore.errors import DiskFullError
+from gptcore.train.records import SummaryRecord
 from gptcore.train.trainer import train
 from tests.test_checkpoint_faults import job
 
@@ -61,14 +62,14 @@ def test_a_snapshot_is_a_copy_the_next_step_cannot_change() -> None:
     assert copied["rng"][0] is not state["rng"][0]
 
 
-def run(directory: Path, background: bool) -> dict:
+def run(directory: Path, background: bool) -> SummaryRecord:
     return train(job(directory, max_steps=8, log_every=4, keep_last=10, async_checkpoints=background))
 
 
 def test_background_checkpoints_hold_exactly_what_synchronous_ones_do(tmp_path: Path) -> None:
     summary = run(tmp_path / "background", background=True)
     run(tmp_path / "sync", background=False)
-    assert summary["final_checkpoint"] == str(tmp_path / "background" / "final.pt")  # on disk at return
+    assert summary.final_checkpoint == str(tmp_path / "background" / "final.pt")  # on disk at return
     for name in ("step-00000002", "step-00000004", "step-00000006", "final"):
         written = ckpt.load_checkpoint(tmp_path / "background" / f"{name}.pt")
         reference = ckpt.load_checkpoint(tmp_path / "sync" / f"{name}.pt")
@@ -76,4 +77,4 @@ def test_background_checkpoints_hold_exactly_what_synchronous_ones_do(tmp_path: 
         assert all(torch.equal(written["model"][k], reference["model"][k]) for k in reference["model"])
         moments = written["optimizer"]["state"][0]["exp_avg"], reference["optimizer"]["state"][0]["exp_avg"]
         assert torch.equal(*moments)
-    assert summary["checkpoint_stall_seconds"] >= 0 and summary["checkpoint_save_seconds"] > 0
+    assert summary.checkpoint_stall_seconds >= 0 and summary.checkpoint_save_seconds > 0

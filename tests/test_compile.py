@@ -46,8 +46,8 @@ def test_a_compiled_run_trains_as_eager_does_and_resumes_bit_for_bit(tmp_path: P
     train(job(tmp_path / "eager", training={"max_steps": 8, "checkpoint_every": 4}), eager)
     summary = train(compiled_job(tmp_path / "compiled"), compiled)
     start = compiled.of("start")[0]
-    assert summary["recompilations"] == 0, "evaluation runs the uncompiled model; every step has one shape"
-    assert summary["compile_seconds"] == start["compile_seconds"]
+    assert summary.recompilations == 0, "evaluation runs the uncompiled model; every step has one shape"
+    assert summary.compile_seconds == start["compile_seconds"]
     assert start["compile"] is True and start["compile_source"] == "requested"
     assert start["compile_seconds"] > 0, "compiled by the start-up probe, before the first step"
     for (step, mine), (_, theirs) in zip(compiled.losses(), eager.losses(), strict=True):
@@ -98,7 +98,7 @@ def test_a_run_that_is_not_compiled_reports_no_compile_figures() -> None:
         start["compile"] is False
         and start["compile_source"] == "auto: off on cpu, where compiling does not pay"
     )
-    assert start["compile_seconds"] is None and "recompilations" not in summary
+    assert start["compile_seconds"] is None and "recompilations" not in summary.to_dict()
 
 
 class Broken(torch.nn.Module):

@@ -328,16 +328,16 @@ class Recorder(TrainingCallback):
         self.events: list[tuple[str, object]] = []
 
     def on_start(self, startup):
-        self.events.append(("start", startup["world_size"]))
+        self.events.append(("start", startup.world_size))
 
-    def on_step(self, metrics):
-        self.events.append(("step", metrics["step"]))
+    def on_step(self, record):
+        self.events.append(("step", record.step))
 
     def on_checkpoint(self, path, info):
         self.events.append(("checkpoint", (path.name, info["step"])))
 
     def on_end(self, summary):
-        self.events.append(("end", summary["steps"]))
+        self.events.append(("end", summary.steps))
 
 
 def test_json_lines_of_a_launched_run_replay_into_callbacks():
@@ -352,7 +352,7 @@ def test_json_lines_of_a_launched_run_replay_into_callbacks():
     ]:
         replay(line)
     assert recorder.events == [("start", 2), ("step", 1), ("checkpoint", ("step-00000001.pt", 1)), ("end", 1)]
-    assert text == ["some warning from a rank"] and replay.summary["steps"] == 1
+    assert text == ["some warning from a rank"] and replay.summary.steps == 1
 
 
 def test_a_launched_rank_rebuilds_the_whole_job_a_fine_tunes_start_included(tmp_path: Path) -> None:

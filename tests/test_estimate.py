@@ -3,12 +3,14 @@ by what the shorter run measured of it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gptcore.train.config import TrainingConfig
 from gptcore.train.estimate import RunPlan, estimate_run
+from gptcore.train.records import SummaryRecord
 from gptcore.train.trainer import train
 from tests.test_trainer import Recorder, job
 
@@ -23,10 +25,10 @@ def test_the_plan_counts_what_a_run_does(tmp_path: Path) -> None:
 
     evaluations = recorder.of("eval")
     assert plan.evaluations == len(evaluations) == 3, "the baseline at 0, then 6, then the end"
-    assert summary["evaluated_examples"] == plan.evaluations * plan.validation_examples
-    assert summary["evaluation_seconds"] > 0
+    assert summary.evaluated_examples == plan.evaluations * plan.validation_examples
+    assert summary.evaluation_seconds > 0
     saves = recorder.of("checkpoint")
-    assert summary["checkpoint_saves"] == len(saves)
+    assert summary.checkpoint_saves == len(saves)
     assert [s["kind"] for s in saves].count("step") == 2 and plan.checkpoint_saves >= len(saves), (
         "periodic at 4 and 8, a best at most after each evaluation past step 0, the final one"
     )
@@ -52,16 +54,16 @@ def test_evaluations_and_saves_follow_the_intervals(
 
 
 def test_each_part_is_priced_by_what_the_shorter_run_measured() -> None:
-    smoke = {
-        "steps_per_second": 4.0,
-        "compile_seconds": 30.0,
-        "evaluation_seconds": 2.0,
-        "evaluated_examples": 100,  # 0.02 s an example
-        "checkpoint_stall_seconds": 7.5,
-        "checkpoint_wait_seconds": 6.0,  # the final checkpoint's write, at the end
-        "checkpoint_saves": 3,  # 0.5 s a snapshot
-        "checkpoint_save_seconds": 9.0,  # 3 s a write
-    }
+    smoke = SummaryRecord(
+        steps_per_second=4.0,
+        compile_seconds=30.0,
+        evaluation_seconds=2.0,
+        evaluated_examples=100,  # 0.02 s an example
+        checkpoint_stall_seconds=7.5,
+        checkpoint_wait_seconds=6.0,  # the final checkpoint's write, at the end
+        checkpoint_saves=3,  # 0.5 s a snapshot
+        checkpoint_save_seconds=9.0,  # 3 s a write
+    )
     plan = RunPlan(
         steps=1000, evaluations=5, validation_examples=400, checkpoint_saves=8, back_to_back_saves=2
     )
@@ -75,7 +77,7 @@ def test_each_part_is_priced_by_what_the_shorter_run_measured() -> None:
     assert estimate.total_seconds == pytest.approx(30 + 250 + 40 + 16)
     assert estimate.figures()["total_seconds"] == 336.0
 
-    eager = {**smoke, "compile_seconds": None, "evaluated_examples": 0, "checkpoint_saves": 0}
-    eager["checkpoint_wait_seconds"] = eager["checkpoint_save_seconds"] = 0.0
+    eager = replace(smoke, compile_seconds=None, evaluated_examples=0, checkpoint_saves=0)
+    eager = replace(eager, checkpoint_wait_seconds=0.0, checkpoint_save_seconds=0.0)
     assert estimate_run(eager, plan).total_seconds == 250.0, "nothing measured of it: not priced"
-    assert estimate_run({"steps_per_second": 0.0}, plan) is None, "no step rate: no estimate"
+    assert estimate_run(SummaryRecord(steps_per_second=0.0), plan) is None, "no step rate: no estimate"

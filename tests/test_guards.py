@@ -19,6 +19,7 @@ from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.guards import NonFiniteGuard
 from gptcore.train.job import TrainJob
+from gptcore.train.records import StepRecord
 from gptcore.train.trainer import train
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300)
@@ -31,8 +32,8 @@ class Recorder(TrainingCallback):
         self.failures: list[str] = []
         self.checkpoints: list[int] = []
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        self.steps.append(metrics)
+    def on_step(self, record: StepRecord) -> None:
+        self.steps.append(record.to_dict())
 
     def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
         self.checkpoints.append(info["step"])
@@ -109,7 +110,7 @@ def test_fp16_skips_an_overflowed_step_and_trains_on(tmp_path: Path, monkeypatch
     poison_steps(monkeypatch, {3}, math.inf)  # step 3 is a log step: its inf loss must not reach the log
     events = Recorder()
     summary = train(job(tmp_path, "fp16"), events)
-    assert summary["steps"] == 10 and not events.failures
+    assert summary.steps == 10 and not events.failures
     assert all(math.isfinite(m["train_loss"]) for m in events.steps)
 
 

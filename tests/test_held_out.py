@@ -24,6 +24,7 @@ from gptcore.runtime.config import RuntimeConfig
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
+from gptcore.train.records import EvalRecord
 from gptcore.train.trainer import train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -134,8 +135,8 @@ def test_validation_reports_bits_per_byte_where_the_token_file_knows_its_text(
         def __init__(self) -> None:
             self.records: list[dict] = []
 
-        def on_eval(self, metrics: dict) -> None:
-            self.records.append(metrics)
+        def on_eval(self, record: EvalRecord) -> None:
+            self.records.append(record.to_dict())
 
     evals = Evals()
     train(

@@ -40,5 +40,5 @@ def test_a_child_of_the_run_is_the_runs_own_time() -> None:
 def test_every_step_line_and_the_summary_carry_the_load() -> None:
     recorder = Recorder()
     summary = train(job(training={"max_steps": 4, "log_every": 2, "eval_every": 4}), recorder)
-    for record in [*recorder.of("step"), summary]:
+    for record in [*recorder.of("step"), summary.to_dict()]:
         assert record["load_average"] >= 0 and record["other_cpu_cores"] >= 0

@@ -21,6 +21,7 @@ from gptcore.runtime.memory import StepMemory
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
+from gptcore.train.records import StartupRecord, StepRecord
 from gptcore.train.trainer import train
 from tasks.params.loading import load_profile
 
@@ -44,11 +45,11 @@ class Losses(TrainingCallback):
         self.steps: list[float] = []
         self.startup: dict[str, Any] = {}
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        self.startup = startup
+    def on_start(self, startup: StartupRecord) -> None:
+        self.startup = startup.to_dict()
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        self.steps.append(metrics["train_loss"])
+    def on_step(self, record: StepRecord) -> None:
+        self.steps.append(record.train_loss)
 
     @classmethod
     def of(cls, job: TrainJob) -> tuple[list[float], dict[str, Any]]:
@@ -75,8 +76,8 @@ def tiny_job(steps: int = 5, **runtime: object) -> TrainJob:
 
 def test_the_training_peak_is_its_own_not_the_processes() -> None:
     summary = train(tiny_job())
-    assert 0 < summary["training_peak_memory_bytes"] < summary["peak_memory_bytes"]
-    assert "VmHWM" in summary["training_peak_memory_source"]
+    assert 0 < summary.training_peak_memory_bytes < summary.peak_memory_bytes
+    assert "VmHWM" in summary.training_peak_memory_source
 
 
 def test_where_the_peak_cannot_be_reset_the_record_says_so(
@@ -84,9 +85,9 @@ def test_where_the_peak_cannot_be_reset_the_record_says_so(
 ) -> None:
     monkeypatch.setattr(memory_module, "_CLEAR_REFS", tmp_path / "no-proc" / "clear_refs")
     summary = train(tiny_job(steps=2))
-    assert summary["training_peak_memory_bytes"] is None
-    assert summary["training_peak_memory_source"].startswith("unavailable on cpu")
-    assert summary["peak_memory_bytes"] > 0  # the process's peak is still known
+    assert summary.training_peak_memory_bytes is None
+    assert summary.training_peak_memory_source.startswith("unavailable on cpu")
+    assert summary.peak_memory_bytes > 0  # the process's peak is still known
 
 
 def test_activation_checkpointing_trains_to_the_same_losses(

@@ -19,6 +19,7 @@ from process_support import free_port, stop_process_group
 from tracking_support import tracked_training
 
 from flows.cli.tracking import MODEL_TRAINING_VIEW, server_command, server_environment
+from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from tasks.params.schema import TrackingConfig
 from tasks.tracking import TrackingSession
 
@@ -30,13 +31,18 @@ pytestmark = [
 ]
 RUN_NAMES = ("browser-fp32-batch4", "browser-bf16-batch4")
 MODEL_NAME = "gptpipe-iteration-1"
-STARTUP = {
+STARTUP_FIELDS = {
     "device": "cpu",
     "precision": "fp32",
     "batch_size": 4,
     "grad_accum_steps": 1,
     "parameter_count": 99,
 }
+
+
+def startup(**changes: Any) -> StartupRecord:
+    """The trainer's start-up record of a small CPU run, with `changes`."""
+    return StartupRecord.from_dict({**STARTUP_FIELDS, **changes})
 
 
 def wait_healthy(url: str, process: subprocess.Popen, seconds: float = 120.0) -> None:
@@ -69,10 +75,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         run_ids = []
         for name in RUN_NAMES:
             callback = session.training_callback(name, system_metrics=False, flush_seconds=0.05)
-            callback.on_start(STARTUP)
+            callback.on_start(startup())
             for step in (1, 2):
-                callback.on_step({"step": step, "train_loss": 4.0 / step, "tokens_per_second": 1000.0 * step})
-            callback.on_end({"steps": 2, "elapsed_seconds": 1.0})
+                callback.on_step(
+                    StepRecord.from_dict(
+                        {"step": step, "train_loss": 4.0 / step, "tokens_per_second": 1000.0 * step}
+                    )
+                )
+            callback.on_end(SummaryRecord.from_dict({"steps": 2, "elapsed_seconds": 1.0}))
             run_ids.append(callback.run_id)
     port = free_port()
     process = subprocess.Popen(

@@ -41,8 +41,8 @@ def test_a_checkpoint_on_token_files_of_the_flat_layout_resumes_to_the_run_s_fin
         resume=True,
     )
     summary = train(job)
-    assert (summary["start_step"], summary["steps"]) == (4, 8)
-    resumed = torch.load(summary["final_checkpoint"], weights_only=True)["model"]
+    assert (summary.start_step, summary.steps) == (4, 8)
+    resumed = torch.load(summary.final_checkpoint, weights_only=True)["model"]
     then = torch.load(old / "final_of_the_uninterrupted_run.pt", weights_only=True)["model"]
     # The same weights up to the order a machine's threads sum in (bit for bit on the machine and thread
     # count that wrote the fixture: 9e-8 apart here on one thread, the weights' scale is 1).

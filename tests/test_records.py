@@ -27,17 +27,17 @@ class Lines(TrainingCallback):
     def __init__(self) -> None:
         self.lines: list[dict[str, Any]] = []
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        self.lines.append(startup)
+    def on_start(self, startup: StartupRecord) -> None:
+        self.lines.append(startup.to_dict())
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        self.lines.append({"event": "step", **metrics})
+    def on_step(self, record: StepRecord) -> None:
+        self.lines.append(record.to_dict())
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        self.lines.append({"event": "eval", **metrics})
+    def on_eval(self, record: EvalRecord) -> None:
+        self.lines.append(record.to_dict())
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self.lines.append(summary)
+    def on_end(self, summary: SummaryRecord) -> None:
+        self.lines.append(summary.to_dict())
 
 
 def test_the_trainer_reports_exactly_the_fields_of_its_record_classes() -> None:

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from tracking_support import fresh_store, three_step_job
 
-from gptcore.train.records import END_METRICS, STEP_METRICS
+from gptcore.train.records import (
+    END_METRICS,
+    STEP_METRICS,
+    EvalRecord,
+    StartupRecord,
+    StepRecord,
+    SummaryRecord,
+)
 from tasks.params.schema import TrackingConfig
 from tasks.results import StageResult
 from tasks.tracking import PipelineRecorder, RunWriter, TrackingSession, training_metadata
@@ -22,7 +29,7 @@ from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.session import run_label
 from tasks.tracking.store import TrackingError, connect, environment_tags, redact, resolve_target
 
-STARTUP = {
+STARTUP_FIELDS = {
     "event": "startup",
     "processor": "x86_64",
     "gpu_name": None,
@@ -46,6 +53,13 @@ STARTUP = {
     "start_step": 0,
     "resumed_from": None,
 }
+
+
+def startup(**changes: Any) -> StartupRecord:
+    """The trainer's start-up record of a small CPU run, with `changes`."""
+    return StartupRecord.from_dict({**STARTUP_FIELDS, **changes})
+
+
 REQUIRED_PARAMS = [
     "processor",
     "gpu_name",
@@ -80,19 +94,21 @@ def session(tmp_path: Path) -> TrackingSession:
     return TrackingSession.open(config)
 
 
-def step(n: int, loss: float) -> dict[str, Any]:
-    return {
-        "step": n,
-        "train_loss": loss,
-        "learning_rate": 1e-3,
-        "grad_norm": 0.5,
-        "tokens_per_second": 900.0,
-        "steps_per_second": 2.0,
-        "mfu": 0.1,
-        "load_average": 1.2,
-        "other_cpu_cores": 0.05,
-        "epoch": 0,
-    }
+def step(n: int, loss: float) -> StepRecord:
+    return StepRecord.from_dict(
+        {
+            "step": n,
+            "train_loss": loss,
+            "learning_rate": 1e-3,
+            "grad_norm": 0.5,
+            "tokens_per_second": 900.0,
+            "steps_per_second": 2.0,
+            "mfu": 0.1,
+            "load_average": 1.2,
+            "other_cpu_cores": 0.05,
+            "epoch": 0,
+        }
+    )
 
 
 def fake_checkpoint(folder: Path, name: str, metadata: dict[str, Any]) -> Path:
@@ -215,18 +231,20 @@ def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
         system_metrics=False,
         flush_seconds=0.05,
     )
-    callback.on_start(STARTUP)
+    callback.on_start(startup())
     run_id = callback.run_id
     assert training_metadata([object(), callback])["mlflow_run_id"] == run_id
     for n, loss in ((2, 5.0), (4, 4.0)):
         callback.on_step(step(n, loss))
-    callback.on_eval({"step": 4, "val_loss": 4.2, "val_perplexity": 66.7, "unigram_val_loss": 5.6})
+    callback.on_eval(
+        EvalRecord.from_dict({"step": 4, "val_loss": 4.2, "val_perplexity": 66.7, "unigram_val_loss": 5.6})
+    )
     folder = tmp_path / "ckpt"
     for kind in ("step", "best", "final"):
         path = fake_checkpoint(folder, kind, callback.metadata)
         callback.on_checkpoint(path, {"kind": kind, "step": 4, "seconds": 0.01})
     summary = {name: 1.5 for name in END_METRICS} | {"steps": 4, "steady_steps_seconds": None}
-    callback.on_end(summary)
+    callback.on_end(SummaryRecord.from_dict(summary))
 
     run = session.client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -278,8 +296,8 @@ def test_a_training_run_declares_its_token_files_as_datasets_from_their_manifest
     callback = session.training_callback(
         "data", system_metrics=False, datasets={"train": train_file, "validation": bare, "test": None}
     )
-    callback.on_start(STARTUP)
-    callback.on_end({"steps": 0})
+    callback.on_start(startup())
+    callback.on_end(SummaryRecord.from_dict({"steps": 0}))
     inputs = session.client.get_run(callback.run_id).inputs.dataset_inputs
     assert len(inputs) == 1  # the bare stream has no manifest to declare
     dataset = inputs[0].dataset
@@ -327,9 +345,9 @@ def test_failed_logging_calls_are_retried_counted_and_training_never_sees_them(
     session: TrackingSession, capsys: pytest.CaptureFixture[str]
 ) -> None:
     callback = flaky_callback(session, failures=2)
-    callback.on_start(STARTUP)
+    callback.on_start(startup())
     callback.on_step(step(1, 3.0))
-    callback.on_end({"steps": 1})
+    callback.on_end(SummaryRecord.from_dict({"steps": 1}))
     assert callback.report["failed_calls"] == 2 and callback.report["dropped_metrics"] == 0
     assert history(session, callback.run_id, "train_loss") == [(1, 3.0)]
     assert session.client.get_run(callback.run_id).data.tags["tracking.failed_calls"] == "2"
@@ -340,10 +358,10 @@ def test_a_store_that_stays_down_leaves_the_records_in_an_outbox_that_replay_del
     session: TrackingSession, capsys: pytest.CaptureFixture[str]
 ) -> None:
     callback = flaky_callback(session, failures=10**6)
-    callback.on_start(STARTUP)
+    callback.on_start(startup())
     for n in range(1, 4):
         callback.on_step(step(n, 3.0))
-    callback.on_end({"steps": 3})
+    callback.on_end(SummaryRecord.from_dict({"steps": 3}))
     report = callback.report
     assert report["store_down"] and report["dropped_metrics"] == 0 and report["given_up_calls"] == 0
     outbox = Path(report["outbox"])
@@ -376,9 +394,9 @@ def test_the_outbox_of_a_run_holds_no_credential(
     monkeypatch.setenv("PREFECT_API_URL", "http://admin:url-pass-77aa@prefect.team.lan:4200/api")  # a tag
     callback = flaky_callback(session, client=GoneClient(session.client))  # everything goes to the outbox
     secret_path = "/runs/mlflow-pass-4f1c/admin:pf-9b2e"  # even in a param
-    callback.on_start({**STARTUP, "checkpoint_directory": secret_path})
+    callback.on_start(startup(checkpoint_directory=secret_path))
     callback.on_step(step(1, 3.0))
-    callback.on_end({"steps": 1})
+    callback.on_end(SummaryRecord.from_dict({"steps": 1}))
     text = Path(callback.report["outbox"]).read_text()
     assert '"/runs/***/***"' in text  # the param waits in the outbox, its secret part redacted
     for secret in (*secrets.values(), "pf-9b2e", "url-pass-77aa"):
@@ -387,7 +405,7 @@ def test_the_outbox_of_a_run_holds_no_credential(
 
 def test_a_failed_training_ends_its_run_failed_with_the_reason(session: TrackingSession) -> None:
     callback = session.training_callback("broken", system_metrics=False)
-    callback.on_start(STARTUP)
+    callback.on_start(startup())
     callback.on_failure("training loss is nan at step 3; stopped")
     run = session.client.get_run(callback.run_id)
     assert run.info.status == "FAILED"
@@ -399,9 +417,9 @@ def test_system_metrics_are_recorded_while_training_runs(
 ) -> None:
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     callback = session.training_callback("system", flush_seconds=0.05)
-    callback.on_start(STARTUP)
+    callback.on_start(startup())
     time.sleep(1.0)
-    callback.on_end({"steps": 0})
+    callback.on_end(SummaryRecord.from_dict({"steps": 0}))
     metrics = session.client.get_run(callback.run_id).data.metrics
     assert "system/cpu_utilization_percentage" in metrics
     assert "system/system_memory_usage_megabytes" in metrics
@@ -409,17 +427,15 @@ def test_system_metrics_are_recorded_while_training_runs(
 
 def test_a_resume_continues_the_run_named_in_its_checkpoint(session: TrackingSession, tmp_path: Path) -> None:
     first = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
-    first.on_start(STARTUP)
+    first.on_start(startup())
     first.on_step(step(2, 5.0))
     checkpoint = fake_checkpoint(tmp_path / "ckpt", "step-00000002", first.metadata)
     first.on_failure("interrupted")
 
     second = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
-    second.on_start(
-        STARTUP | {"start_step": 2, "resumed_from": str(checkpoint), "batch_size": 2, "grad_accum_steps": 4}
-    )
+    second.on_start(startup(start_step=2, resumed_from=str(checkpoint), batch_size=2, grad_accum_steps=4))
     second.on_step(step(4, 4.0))
-    second.on_end({"steps": 4})
+    second.on_end(SummaryRecord.from_dict({"steps": 4}))
     assert second.run_id == first.run_id and second.continued
     run = session.client.get_run(first.run_id)
     assert run.info.status == "FINISHED"

@@ -24,6 +24,7 @@ from tracking_support import Waits, fresh_store, three_step_job
 
 from flows.cli.tracking import server_command, server_environment
 from gptcore.train.callbacks import CallbackList, TrainingCallback
+from gptcore.train.records import StartupRecord, StepRecord
 from gptcore.train.trainer import train
 from tasks.params.schema import TrackingConfig
 from tasks.tracking import TrackingSession, training_metadata
@@ -73,13 +74,13 @@ class Outages(TrainingCallback):
     def __init__(self, server: Server, start_at: set[int], stop_at: set[int]) -> None:
         self.server, self.start_at, self.stop_at = server, start_at, stop_at
 
-    def on_start(self, startup: dict[str, Any]) -> None:
+    def on_start(self, startup: StartupRecord) -> None:
         self.server.stop()  # gone before the run is created
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        if metrics["step"] in self.start_at:
+    def on_step(self, record: StepRecord) -> None:
+        if record.step in self.start_at:
             self.server.start()
-        if metrics["step"] in self.stop_at:
+        if record.step in self.stop_at:
             self.server.stop()
 
 
@@ -97,7 +98,7 @@ def test_a_server_stopped_at_the_start_and_midway_gets_every_record_in_order_whe
     waits = Waits(monkeypatch, when=lambda: "away" if server.process is None else "up")
     summary = train(job, CallbackList([outages, tracking]))  # the server stops before the run is created
 
-    assert summary["steps"] == 30
+    assert summary.steps == 30
     # The training thread waited on the absent server once, for the run's creation (answered by the
     # writer's refused attempt: a pending key); never for a step or a checkpoint's model.
     assert waits.on(threading.current_thread().name, when="away") == ["create_run"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from tracking_support import Waits, fresh_store, three_step_job
 
+from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from gptcore.train.trainer import train
 from tasks.params.schema import TrackingConfig
 from tasks.tracking import MLflowCallback, RunWriter, TrackingSession, training_metadata
@@ -119,7 +120,7 @@ def test_a_store_lost_before_the_run_is_created_holds_nothing_and_its_run_is_cre
     summary = train(job, callback)
     assert time.perf_counter() - started < 30  # not the minutes the store would hold it
     client.release.set()
-    assert summary["steps"] == 3 and (tmp_path / "ckpt" / "final.pt").is_file()
+    assert summary.steps == 3 and (tmp_path / "ckpt" / "final.pt").is_file()
     assert callback.run_id.startswith("pending-") and "mlflow_run_id" not in job.metadata
     err = capsys.readouterr().err
     assert "waits for the tracking store (create_run: the tracking store did not answer within 0.5 s)" in err
@@ -151,14 +152,14 @@ def test_a_store_lost_mid_run_costs_a_bounded_wait_and_its_records_wait_in_the_o
         answer_seconds=0.5,
         outbox=tmp_path / "outbox",
     )
-    callback.on_start({"device": "cpu", "batch_size": 2})
+    callback.on_start(StartupRecord.from_dict({"device": "cpu", "batch_size": 2}))
     waits = Waits(monkeypatch)
     client.hanging.add("log_batch")  # the server goes away after the run opened
     for step in range(1, 101):
-        callback.on_step({"step": step, "train_loss": 3.0, "learning_rate": 1e-3})
+        callback.on_step(StepRecord(step=step, train_loss=3.0, learning_rate=1e-3))
     assert waits.waited == []  # a training step never waits on the store: it only queues
     assert not client.release.is_set() and client.callers <= {"mlflow-midway"}  # only the writer calls
-    callback.on_end({"steps": 100, "final_train_loss": 3.0})  # one bounded wait, then the outbox
+    callback.on_end(SummaryRecord(steps=100, final_train_loss=3.0))  # one bounded wait, then the outbox
     client.release.set()
     assert callback.report["store_down"] and callback.report["dropped_metrics"] == 0
     assert callback.report["waiting_records"] >= 200 - 1  # one batch may have reached the store

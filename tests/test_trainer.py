@@ -24,6 +24,7 @@ from gptcore.runtime.device import resolve_runtime
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord
 from gptcore.train.setup import planned_steps
 from gptcore.train.step import accumulate_gradients
 from gptcore.train.trainer import train
@@ -38,16 +39,16 @@ class Recorder(TrainingCallback):
         self.events: list[tuple[str, Any]] = []
         self.stop_at = stop_at
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        self.events.append(("start", startup))
+    def on_start(self, startup: StartupRecord) -> None:
+        self.events.append(("start", startup.to_dict()))
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        self.events.append(("step", metrics))
-        if metrics["step"] == self.stop_at:
+    def on_step(self, record: StepRecord) -> None:
+        self.events.append(("step", record.to_dict()))
+        if record.step == self.stop_at:
             raise KeyboardInterrupt  # an interruption between checkpoints
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        self.events.append(("eval", metrics))
+    def on_eval(self, record: EvalRecord) -> None:
+        self.events.append(("eval", record.to_dict()))
 
     def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
         self.events.append(("checkpoint", info))
@@ -91,16 +92,16 @@ def test_loss_falls_on_a_learnable_stream_below_the_unigram_floor() -> None:
     )
     losses = [loss for _, loss in recorder.losses()]
     assert losses[-1] < losses[0] - 1.0
-    assert summary["final_val_loss"] < summary["unigram_val_loss"]
-    assert recorder.of("eval")[0]["unigram_val_loss"] == summary["unigram_val_loss"]
-    assert summary["steps"] == 60 and summary["tokens_per_second"] > 0 and 0 < summary["mfu"] < 1
+    assert summary.final_val_loss < summary.unigram_val_loss
+    assert recorder.of("eval")[0]["unigram_val_loss"] == summary.unigram_val_loss
+    assert summary.steps == 60 and summary.tokens_per_second > 0 and 0 < summary.mfu < 1
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_steps_run_and_fp16_uses_the_grad_scaler(tmp_path: Path, precision: str) -> None:
     runtime = RuntimeConfig(device="cpu", precision=precision, batch_size=4)
     summary = train(job(tmp_path, runtime=runtime, training={"max_steps": 3}))
-    assert summary["final_train_loss"] == pytest.approx(summary["final_train_loss"])  # finite, not NaN
+    assert summary.final_train_loss == pytest.approx(summary.final_train_loss)  # finite, not NaN
     scaler = load_checkpoint(tmp_path / "final.pt")["scaler"]
     assert bool(scaler) == (precision == "fp16")
     if precision == "fp16":
@@ -240,12 +241,12 @@ def test_dry_run_reports_everything_trains_nothing_writes_nothing(tmp_path: Path
     ):
         assert key in startup, key
     assert startup["steps_per_epoch"] == 400 // 8 and startup["planned_tokens"] == 12 * 8 * 16
-    assert summary["steps"] == 0 and recorder.of("step") == [] and not directory.exists()
+    assert summary.steps == 0 and recorder.of("step") == [] and not directory.exists()
 
 
 def test_dry_run_needs_no_token_files_but_training_does() -> None:
     summary = train(job(dry_run=True, train_tokens=None, validation_tokens=None))
-    assert summary["steps"] == 0
+    assert summary.steps == 0
     with pytest.raises(ConfigError, match="--train-tokens"):
         train(job(train_tokens=None))
 
@@ -290,9 +291,7 @@ def test_periodic_best_and_final_checkpoints_are_reported(tmp_path: Path) -> Non
     summary = train(job(tmp_path, metadata={"mlflow_run_id": "abc"}), recorder)
     kinds = [(info["kind"], info["step"]) for info in recorder.of("checkpoint")]
     assert ("step", 4) in kinds and ("step", 8) in kinds and ("final", 12) in kinds and ("best", 6) in kinds
-    assert (
-        summary["final_checkpoint"] == str(tmp_path / "final.pt") and summary["checkpoint_save_seconds"] > 0
-    )
+    assert summary.final_checkpoint == str(tmp_path / "final.pt") and summary.checkpoint_save_seconds > 0
     from gptcore.checkpoint.files import checkpoint_metadata
 
     assert checkpoint_metadata(tmp_path / "final.pt")["metadata"]["mlflow_run_id"] == "abc"

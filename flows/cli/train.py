@@ -19,6 +19,7 @@ from flows.cli.options import batch_size_value, command_of, json_lines_only, npr
 from gptcore.errors import ConfigError, first_line
 from gptcore.runtime.config import Device, Precision
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import StartupRecord
 from tasks.params.loading import choice
 from tasks.params.schema import TrainingStage
 
@@ -100,9 +101,9 @@ def training_callbacks(
 class WarningLines(TrainingCallback):
     """What the start-up record warns of (a precision slower than fp32 here) as one line on stderr."""
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        if startup.get("precision_warning"):
-            print(f"warning: {startup['precision_warning']}", file=sys.stderr, flush=True)
+    def on_start(self, startup: StartupRecord) -> None:
+        if startup.precision_warning:
+            print(f"warning: {startup.precision_warning}", file=sys.stderr, flush=True)
 
 
 def _token_sources(

@@ -205,16 +205,16 @@ class RunRecord(TrainingCallback):
         self.params: dict[str, str] = {}
         self.metrics: dict[str, float] = {}
 
-    def on_start(self, startup: dict[str, Any]) -> None:
+    def on_start(self, startup: StartupRecord) -> None:
         self.params = {k: str(v) for k, v in {**StartupRecord.params(startup), **self.extra}.items()}
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        self.metrics.update(StepRecord.metrics(metrics))
+    def on_step(self, record: StepRecord) -> None:
+        self.metrics.update(StepRecord.metrics(record))
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        self.metrics.update(EvalRecord.metrics(metrics))
+    def on_eval(self, record: EvalRecord) -> None:
+        self.metrics.update(EvalRecord.metrics(record))
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_end(self, summary: SummaryRecord) -> None:
         self.metrics.update(SummaryRecord.metrics(summary))
 
     def record(self) -> dict[str, Any]:

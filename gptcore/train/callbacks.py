@@ -5,24 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
+
 
 class TrainingCallback:
-    """No-op base: subclasses override what they need. Every payload is a flat dict of JSON values,
-    with the run-record names (`tokens_per_second`, `peak_memory_bytes`, ...)."""
+    """No-op base: subclasses override what they need. Each event is the trainer's record
+    (`gptcore.train.records`), read by attribute under the run-record names (`tokens_per_second`,
+    `peak_memory_bytes`, ...)."""
 
-    def on_start(self, startup: dict[str, Any]) -> None:
+    def on_start(self, startup: StartupRecord) -> None:
         """The startup record: device, precision, batch size, parameter count, estimates."""
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
+    def on_step(self, record: StepRecord) -> None:
         """One log interval: step, train_loss, learning_rate, grad_norm, tokens_per_second, ..."""
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
+    def on_eval(self, record: EvalRecord) -> None:
         """One evaluation: step, val_loss, val_perplexity (and unigram_val_loss on the first)."""
 
     def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
         """A checkpoint was written completely; info holds step, kind (latest/best/final), seconds."""
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_end(self, summary: SummaryRecord) -> None:
         """Training finished; the summary record."""
 
     def on_failure(self, reason: str) -> None:
@@ -35,23 +38,23 @@ class CallbackList(TrainingCallback):
     def __init__(self, callbacks: list[TrainingCallback] | None = None) -> None:
         self.callbacks = list(callbacks or [])
 
-    def on_start(self, startup: dict[str, Any]) -> None:
+    def on_start(self, startup: StartupRecord) -> None:
         for callback in self.callbacks:
             callback.on_start(startup)
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
+    def on_step(self, record: StepRecord) -> None:
         for callback in self.callbacks:
-            callback.on_step(metrics)
+            callback.on_step(record)
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
+    def on_eval(self, record: EvalRecord) -> None:
         for callback in self.callbacks:
-            callback.on_eval(metrics)
+            callback.on_eval(record)
 
     def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
         for callback in self.callbacks:
             callback.on_checkpoint(path, info)
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_end(self, summary: SummaryRecord) -> None:
         for callback in self.callbacks:
             callback.on_end(summary)
 

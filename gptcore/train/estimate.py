@@ -11,11 +11,10 @@ it, and counted for the longer run from its settings.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from gptcore.train.config import TrainingConfig
+from gptcore.train.records import SummaryRecord
 
 
 @dataclass(frozen=True)
@@ -64,20 +63,20 @@ class RunTimeEstimate:
         return {**parts, "total_seconds": round(self.total_seconds, 1)}
 
 
-def estimate_run(measured: Mapping[str, Any], plan: RunPlan) -> RunTimeEstimate | None:
+def estimate_run(measured: SummaryRecord, plan: RunPlan) -> RunTimeEstimate | None:
     """`plan` priced by `measured`, a shorter run's summary; None when it measured no step rate."""
-    steps_per_second = float(measured.get("steps_per_second") or 0.0)
+    steps_per_second = float(measured.steps_per_second or 0.0)
     if steps_per_second <= 0:
         return None
-    examples = int(measured.get("evaluated_examples") or 0)
-    per_example = float(measured.get("evaluation_seconds") or 0.0) / examples if examples else 0.0
-    saves = int(measured.get("checkpoint_saves") or 0)
-    waits = float(measured.get("checkpoint_wait_seconds") or 0.0)
-    snapshots = float(measured.get("checkpoint_stall_seconds") or 0.0) - waits
+    examples = measured.evaluated_examples or 0
+    per_example = float(measured.evaluation_seconds or 0.0) / examples if examples else 0.0
+    saves = measured.checkpoint_saves or 0
+    waits = float(measured.checkpoint_wait_seconds or 0.0)
+    snapshots = float(measured.checkpoint_stall_seconds or 0.0) - waits
     per_snapshot = snapshots / saves if saves else 0.0
-    per_write = float(measured.get("checkpoint_save_seconds") or 0.0) / saves if saves else 0.0
+    per_write = float(measured.checkpoint_save_seconds or 0.0) / saves if saves else 0.0
     return RunTimeEstimate(
-        compile_seconds=float(measured.get("compile_seconds") or 0.0),  # compiled again at its start
+        compile_seconds=float(measured.compile_seconds or 0.0),  # compiled again at its start
         step_seconds=plan.steps / steps_per_second,
         evaluation_seconds=plan.evaluations * plan.validation_examples * per_example,
         # A snapshot a save, a whole write a back-to-back save; the shorter run's waits are taken as the

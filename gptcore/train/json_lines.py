@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from gptcore.tools.console import json_line
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 
 
 class JsonLinesCallback(TrainingCallback):
@@ -33,34 +34,35 @@ class JsonLinesCallback(TrainingCallback):
         stream.write(json_line(event, payload) + "\n")
         stream.flush()
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        self._emit("startup", startup)
+    def on_start(self, startup: StartupRecord) -> None:
+        self._emit(startup.event, startup.to_dict())
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        self._emit("step", metrics)
+    def on_step(self, record: StepRecord) -> None:
+        self._emit(record.event, record.to_dict())
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        self._emit("eval", metrics)
+    def on_eval(self, record: EvalRecord) -> None:
+        self._emit(record.event, record.to_dict())
 
     def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
         self._emit("checkpoint", {"path": str(path), **info})
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self._emit("summary", summary)
+    def on_end(self, summary: SummaryRecord) -> None:
+        self._emit(summary.event, summary.to_dict())
 
     def on_failure(self, reason: str) -> None:
         self._emit("failure", {"reason": reason})
 
 
 class JsonLinesReplay:
-    """Feeds a launched training's JSON lines (rank 0's) to a callback, as if in process; other
-    lines go to `on_text`. `summary` holds the summary line once it has come, `failure` the reason."""
+    """Feeds a launched training's JSON lines (rank 0's) to a callback as the records they were, as if
+    in process; other lines go to `on_text`. `summary` holds the summary once it has come, `failure` the
+    reason."""
 
     def __init__(self, callback: TrainingCallback, on_text: Callable[[str], None] | None = None) -> None:
         self.callback = callback
         self.on_text = on_text or (lambda line: None)
-        self.startup: dict[str, Any] | None = None
-        self.summary: dict[str, Any] | None = None
+        self.startup: StartupRecord | None = None
+        self.summary: SummaryRecord | None = None
         self.failure: str | None = None
 
     def __call__(self, line: str) -> None:
@@ -69,17 +71,17 @@ class JsonLinesReplay:
             self.on_text(line)
             return
         event = record.pop("event")
-        if event == "startup":
-            self.startup = {"event": event, **record}
+        if event == StartupRecord.event:
+            self.startup = StartupRecord.from_dict(record)
             self.callback.on_start(self.startup)
-        elif event == "step":
-            self.callback.on_step(record)
-        elif event == "eval":
-            self.callback.on_eval(record)
+        elif event == StepRecord.event:
+            self.callback.on_step(StepRecord.from_dict(record))
+        elif event == EvalRecord.event:
+            self.callback.on_eval(EvalRecord.from_dict(record))
         elif event == "checkpoint":
             self.callback.on_checkpoint(Path(record.pop("path")), record)
-        elif event == "summary":
-            self.summary = {"event": event, **record}
+        elif event == SummaryRecord.event:
+            self.summary = SummaryRecord.from_dict(record)
             self.callback.on_end(self.summary)
         elif event == "failure":
             self.failure = str(record.get("reason"))

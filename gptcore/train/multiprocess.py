@@ -28,6 +28,7 @@ from gptcore.runtime.decided import Runtime
 from gptcore.train.callbacks import CallbackList, TrainingCallback
 from gptcore.train.config import TrainingConfig
 from gptcore.train.job import TrainJob
+from gptcore.train.records import SummaryRecord
 
 RANK_MODULE = "gptcore.train.multiprocess"  # this module: torchrun runs it once per rank
 
@@ -127,7 +128,7 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
 
 def launch_job(
     job: TrainJob, spec: Any, callbacks: list[TrainingCallback], on_text: Any = None
-) -> tuple[int, dict[str, Any] | None, str | None]:
+) -> tuple[int, SummaryRecord | None, str | None]:
     """Run `job` on `spec`'s processes under torchrun; rank 0's events reach `callbacks` as they come, and
     a launch that ends without rank 0 saying why (a rank killed) reaches their `on_failure` too.
     Returns (exit code, the summary record or None, the failure reason or None)."""

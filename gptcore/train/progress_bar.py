@@ -11,6 +11,7 @@ from typing import Any
 
 from gptcore.tools.console import JSON_ONLY, wants_progress_bar
 from gptcore.train.callbacks import TrainingCallback
+from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 from gptcore.train.reports import startup_line
 
 __all__ = ["JSON_ONLY", "ProgressBar", "wants_progress_bar"]
@@ -24,7 +25,7 @@ class ProgressBar(TrainingCallback):
         self.progress: Any = None
         self.task: Any = None
 
-    def on_start(self, startup: dict[str, Any]) -> None:
+    def on_start(self, startup: StartupRecord) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -38,27 +39,27 @@ class ProgressBar(TrainingCallback):
             transient=False,
         )
         self.progress.console.print(f"{self.name}: {startup_line(startup)}", highlight=False)
-        total = startup.get("planned_steps") or startup.get("max_steps")
+        total = startup.planned_steps or startup.max_steps
         self.task = self.progress.add_task(
-            self.name, total=total, completed=startup.get("start_step", 0), loss="-", val="-", speed="-"
+            self.name, total=total, completed=startup.start_step, loss="-", val="-", speed="-"
         )
         self.progress.start()
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
+    def on_step(self, record: StepRecord) -> None:
         if self.progress is None:
             return
-        fields = {"completed": metrics.get("step", 0)}
-        if isinstance(metrics.get("train_loss"), int | float):
-            fields["loss"] = f"{metrics['train_loss']:.4f}"
-        if isinstance(metrics.get("tokens_per_second"), int | float):
-            fields["speed"] = f"{metrics['tokens_per_second']:,.0f}"
+        fields: dict[str, Any] = {"completed": record.step}
+        if isinstance(record.train_loss, int | float):
+            fields["loss"] = f"{record.train_loss:.4f}"
+        if isinstance(record.tokens_per_second, int | float):
+            fields["speed"] = f"{record.tokens_per_second:,.0f}"
         self.progress.update(self.task, **fields)
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        if self.progress is not None and isinstance(metrics.get("val_loss"), int | float):
-            self.progress.update(self.task, val=f"{metrics['val_loss']:.4f}")
+    def on_eval(self, record: EvalRecord) -> None:
+        if self.progress is not None and isinstance(record.val_loss, int | float):
+            self.progress.update(self.task, val=f"{record.val_loss:.4f}")
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_end(self, summary: SummaryRecord) -> None:
         self._stop()
 
     def on_failure(self, reason: str) -> None:

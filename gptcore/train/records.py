@@ -6,15 +6,18 @@ per evaluation and `SummaryRecord` at the end. Each field says what it is to a r
 for the JSON line). Every consumer (MLflow tracking, the comparison, the pipeline's stages and gate)
 asks the record class for its names, so a figure has one name everywhere and no list repeats them.
 
-Records travel as flat JSON-ready dicts (`to_dict`): through callbacks, JSON lines and launched
-ranks' channel; the class methods read such a dict back (`params`, `metrics`).
+Records travel as themselves: the trainer hands its callbacks the records, `train` returns the summary,
+the pipeline's stage results hold it. They become flat JSON-ready dicts (`to_dict`) only where they leave
+the process (JSON lines, a launched rank's channel, MLflow) and are read back with `from_dict`. The class
+methods (`params`, `metrics`, `headline`) take a record or such a dict (an MLflow run's, an old result's).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 PARAM = "param"
 METRIC = "metric"
@@ -48,19 +51,25 @@ class Record:
         return {"event": self.event, **{k: v for k, v in values.items() if not (k in optional and v is None)}}
 
     @classmethod
+    def from_dict(cls, payload: Mapping[str, Any]) -> Self:
+        """The record a dict of `to_dict` holds (a JSON line's); keys it does not know are left out."""
+        return cls(**{f.name: payload[f.name] for f in fields(cls) if f.name in payload})
+
+    @classmethod
     def names(cls, role: str) -> tuple[str, ...]:
         """The names of this record's fields with `role` (PARAM or METRIC)."""
         return tuple(f.name for f in fields(cls) if f.metadata.get("role") == role)
 
     @classmethod
-    def metrics(cls, payload: dict[str, Any]) -> dict[str, float]:
+    def metrics(cls, payload: Record | Mapping[str, Any]) -> dict[str, float]:
         """This record's metrics in `payload` that are real numbers."""
-        return finite_metrics(payload, cls.names(METRIC))
+        return finite_metrics(as_dict(payload), cls.names(METRIC))
 
     @classmethod
-    def params(cls, payload: dict[str, Any]) -> dict[str, Any]:
+    def params(cls, payload: Record | Mapping[str, Any]) -> dict[str, Any]:
         """This record's params present in `payload`."""
-        return {k: payload.get(k) for k in cls.names(PARAM) if k in payload}
+        values = as_dict(payload)
+        return {k: values.get(k) for k in cls.names(PARAM) if k in values}
 
 
 @dataclass(kw_only=True)
@@ -131,12 +140,20 @@ class StartupRecord(Record):
     dry_run: bool = context(False)
 
     @classmethod
-    def params(cls, payload: dict[str, Any]) -> dict[str, Any]:
+    def params(cls, payload: Record | Mapping[str, Any]) -> dict[str, Any]:
         """The startup params, with the effective batch the optimizer sees."""
         values = super().params(payload)
-        if "batch_size" in payload and "grad_accum_steps" in payload:
-            values["effective_batch_size"] = int(payload["batch_size"]) * int(payload["grad_accum_steps"])
+        batch, accumulation = values.get("batch_size"), values.get("grad_accum_steps")
+        if batch is not None and accumulation is not None:
+            values["effective_batch_size"] = int(batch) * int(accumulation)
         return values
+
+    @property
+    def trained_share(self) -> float | None:
+        """What the optimizer trains (all but a fine-tune's frozen base), as a share of the parameters."""
+        if not self.trainable_parameter_count or not self.parameter_count:
+            return None
+        return self.trainable_parameter_count / self.parameter_count
 
 
 @dataclass(kw_only=True)
@@ -211,10 +228,11 @@ class SummaryRecord(Record):
     dry_run: bool = context(False)
 
     @classmethod
-    def headline(cls, payload: dict[str, Any]) -> dict[str, Any]:
+    def headline(cls, payload: Record | Mapping[str, Any]) -> dict[str, Any]:
         """The figures a stage reports from a run's summary."""
+        values = as_dict(payload)
         return {
-            f.name: payload[f.name] for f in fields(cls) if f.metadata.get("headline") and f.name in payload
+            f.name: values[f.name] for f in fields(cls) if f.metadata.get("headline") and f.name in values
         }
 
 
@@ -223,6 +241,11 @@ STARTUP_PARAMS = StartupRecord.names(PARAM)
 STEP_METRICS = StepRecord.names(METRIC)
 EVAL_METRICS = EvalRecord.names(METRIC)
 END_METRICS = SummaryRecord.names(METRIC)
+
+
+def as_dict(payload: Record | Mapping[str, Any]) -> dict[str, Any]:
+    """A record's values by name (a dict read back from a JSON line or an MLflow run as it is)."""
+    return payload.to_dict() if isinstance(payload, Record) else dict(payload)
 
 
 def finite_metrics(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -138,17 +138,16 @@ def summary_record(trainer: Trainer, started: float, start_step: int) -> Summary
     )
 
 
-def startup_line(startup: dict[str, Any]) -> str:
+def startup_line(startup: StartupRecord) -> str:
     """The start-up record in one line for a person: where and how it trains, compiled or not and why,
     the attention kernel."""
-    if startup.get("compile"):
-        seconds = startup.get("compile_seconds")
-        took = f" in {seconds:.1f} s" if seconds is not None else ""
-        how = f"compiled{took} ({startup.get('compile_source')})"
+    if startup.compile:
+        took = f" in {startup.compile_seconds:.1f} s" if startup.compile_seconds is not None else ""
+        how = f"compiled{took} ({startup.compile_source})"
     else:
-        how = f"eager ({startup.get('compile_source')})"
+        how = f"eager ({startup.compile_source})"
     return (
-        f"{startup.get('device')} {startup.get('precision')}, batch {startup.get('batch_size')} x"
-        f" {startup.get('grad_accum_steps')} ({startup.get('batch_size_source')}), {how},"
-        f" attention {startup.get('attention_backend')}, {startup.get('parameter_count', 0):,} parameters"
+        f"{startup.device} {startup.precision}, batch {startup.batch_size} x {startup.grad_accum_steps}"
+        f" ({startup.batch_size_source}), {how}, attention {startup.attention_backend},"
+        f" {startup.parameter_count or 0:,} parameters"
     )

@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -58,7 +57,7 @@ from gptcore.train.validate import Evaluator
 log = logging.getLogger(__name__)
 
 
-def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> dict[str, Any]:
+def train(job: TrainJob, callbacks: TrainingCallback | None = None) -> SummaryRecord:
     """Run the job; return the summary. Failures reach the callbacks' `on_failure`, then propagate as
     a GptpipeError (out of memory included, with what to do about it)."""
     # Rank 0 alone prints, tracks and reports: the other ranks compute the same figures silently.
@@ -131,7 +130,7 @@ class Trainer:
 
     # --- the run ----------------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> SummaryRecord:
         """The run, holding its checkpoint folder (rank 0 of a real run; a dry run writes nothing): resume,
         train, the final evaluation and checkpoint, the summary. A run that fails still lets the
         checkpoint write in flight finish and reports it before the failure."""
@@ -146,14 +145,14 @@ class Trainer:
                     self.memory.start(budget)
                     with self.out_of_memory_stops():  # the probe runs a step's forward and backward
                         self.compile_at_start()
-                self.events.on_start(self.startup_record().to_dict())
+                self.events.on_start(self.startup_record())
                 if not self.job.dry_run:
                     self.train_and_finish()
             except BaseException:
                 self.checkpointer.settle()  # the write in flight completes: a message can name it
                 self.report_checkpoints()
                 raise
-        summary = self.summary_record(started, start_step).to_dict()
+        summary = self.summary_record(started, start_step)
         self.events.on_end(summary)
         return summary
 
@@ -237,7 +236,7 @@ class Trainer:
             **self.machine_load.interval(),
             epoch=(step - 1) // self.state.steps_per_epoch,
         )
-        self.events.on_step(record.to_dict())
+        self.events.on_step(record)
 
     def between_steps(self) -> None:
         """Evaluation and periodic checkpoints, when due, outside the throughput clock."""
@@ -261,7 +260,7 @@ class Trainer:
         record = self.evaluator(self.model, self.state.step)
         if record is None:
             return
-        self.events.on_eval(record.to_dict())
+        self.events.on_eval(record)
         self.divergence_guard.check(self.state.step, record.val_loss, self.checkpointer.last_good)
         if self.state.step > 0 and self.state.improves(record.val_loss):  # step 0: nobody's best
             self.save("best")

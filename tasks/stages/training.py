@@ -21,7 +21,7 @@ from gptcore.tools.atomic import write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
 from gptcore.train.config import TrainingConfig
 from gptcore.train.estimate import RunPlan, estimate_run
-from gptcore.train.records import SummaryRecord
+from gptcore.train.records import StartupRecord, SummaryRecord
 from tasks.caching import fingerprint_key
 from tasks.params.jobs import full_world_size
 from tasks.params.schema import PipelineParams, TrainingStage
@@ -162,7 +162,7 @@ def _train(
     resume: bool,
     nproc: int = 1,
     batch: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> SummaryRecord:
     """One training of the stage (`tasks.training_launch`), in this process or on `nproc` local
     processes under torchrun, holding the device's slot (`tasks.device_slot`), with the device stage's
     decisions (its precision probe; the smoke stage's `auto` batch); checkpoints go into `directory`."""
@@ -217,12 +217,12 @@ def smoke_task(
     gate = judge(
         progress.losses,
         progress.val_losses,
-        int(summary.get("peak_memory_bytes", 0)),
+        summary.peak_memory_bytes or 0,
         memory_limit(device.device),
         params.model.architecture.vocab_size,
     )
     startup = progress.startup
-    full_steps = int(startup["schedule_steps"])  # the trainer's count for the full run on this data
+    full_steps = startup.schedule_steps  # the trainer's count for the full run on this data
     estimate = estimate_run(summary, full_plan(params, full_steps, tokens))
     sizing = data_sizing(startup, full_steps, tokens, params)
     if (warning := sizing.warning()) and params.finetune is None:  # a fine-tune's data is meant to be small
@@ -232,8 +232,8 @@ def smoke_task(
         "fingerprint": fingerprint,
         "gate": gate.to_dict(),
         "optimizer": {"source": params.smoke_optimizer_source, **optimizer.model_dump()},
-        "schedule": {"steps": full_steps, "warmup_steps": startup["warmup_steps"]},
-        "precision": startup["precision"],
+        "schedule": {"steps": full_steps, "warmup_steps": startup.warmup_steps},
+        "precision": startup.precision,
         "val_losses": progress.val_losses,
         "summary": summary,
         "full_planned_steps": full_steps,
@@ -241,16 +241,16 @@ def smoke_task(
         "estimate": estimate.figures() if estimate else None,
         "data_sizing": {**sizing.figures(), "warning": sizing.warning()},
         "batch": {
-            "batch_size": startup["batch_size"],
-            "grad_accum_steps": startup["grad_accum_steps"],
-            "source": startup["batch_size_source"],
-            "figures": startup.get("batch_probe", {}),
+            "batch_size": startup.batch_size,
+            "grad_accum_steps": startup.grad_accum_steps,
+            "source": startup.batch_size_source,
+            "figures": startup.batch_probe,
         },
     }
     record_path = directory / SMOKE_RECORD
-    write_json_atomic(record_path, record, default=str)
+    write_json_atomic(record_path, {**record, "summary": summary.to_dict()}, default=str)
     if not gate.passed:
-        cause = gate.likely_cause(optimizer.learning_rate, startup["precision"])
+        cause = gate.likely_cause(optimizer.learning_rate, startup.precision)
         raise TrainingError(
             f"smoke gate failed: {'; '.join(gate.reasons())}; likely cause: {cause}; record: {record_path}"
         )
@@ -281,16 +281,15 @@ def full_plan(params: PipelineParams, full_steps: int, tokens: TokensResult) -> 
 
 
 def data_sizing(
-    startup: dict[str, Any], full_steps: int, tokens: TokensResult, params: PipelineParams
+    startup: StartupRecord, full_steps: int, tokens: TokensResult, params: PipelineParams
 ) -> DataSizing:
     """The full run's tokens (its schedule's steps at its global batch, on its ranks) and the train
     split's, against the model's parameters."""
-
-    global_batch = int(startup["batch_size"]) * int(startup["grad_accum_steps"]) * full_world_size(params)
+    global_batch = startup.batch_size * startup.grad_accum_steps * full_world_size(params)
     return DataSizing(
-        parameter_count=int(startup["parameter_count"]),
+        parameter_count=startup.parameter_count,
         train_tokens=int(tokens.figures.get("train_tokens", 0)),
-        full_tokens=full_steps * global_batch * int(startup["sequence_length"]),
+        full_tokens=full_steps * global_batch * startup.sequence_length,
     )
 
 
@@ -359,12 +358,15 @@ def adapter_files(params: PipelineParams, directory: Path) -> list[Path]:
     return [adapter, adapter.with_name(ADAPTER_CONFIG)] if adapter is not None else []
 
 
-def trained_share(startup: dict[str, Any]) -> dict[str, Any]:
+def trained_share(startup: StartupRecord | None) -> dict[str, Any]:
     """What the optimizer trained (all but a fine-tune's frozen base): the count and its share."""
-    trained, total = startup.get("trainable_parameter_count"), startup.get("parameter_count")
-    if not trained or not total:
+    share = startup.trained_share if startup is not None else None
+    if share is None:
         return {}
-    return {"trainable_parameter_count": trained, "trainable_parameter_share": round(trained / total, 6)}
+    return {
+        "trainable_parameter_count": startup.trainable_parameter_count,
+        "trainable_parameter_share": round(share, 6),
+    }
 
 
 def smoke_estimate(smoke: SmokeResult, resumed: bool) -> dict[str, float]:

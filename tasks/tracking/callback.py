@@ -167,8 +167,8 @@ class MLflowCallback(TrainingCallback):
 
     # --- TrainingCallback --------------------------------------------------------------------------
 
-    def on_start(self, startup: dict[str, Any]) -> None:
-        if self.open(startup.get("resumed_from")) is None:
+    def on_start(self, startup: StartupRecord) -> None:
+        if self.open(startup.resumed_from) is None:
             return
         run_id = self.run_id
         self.writer.log_params(
@@ -177,10 +177,10 @@ class MLflowCallback(TrainingCallback):
         self.writer.set_tags(
             run_id,
             {
-                "checkpoint_directory": startup.get("checkpoint_directory"),
-                "start_step": startup.get("start_step", 0),
-                "resumed_from": startup.get("resumed_from"),
-                "dry_run": startup.get("dry_run", False),
+                "checkpoint_directory": startup.checkpoint_directory,
+                "start_step": startup.start_step,
+                "resumed_from": startup.resumed_from,
+                "dry_run": startup.dry_run,
                 **({} if self.continued else self.tags),
             },
         )
@@ -190,13 +190,13 @@ class MLflowCallback(TrainingCallback):
             self.writer.log_inputs(run_id, token_file_inputs(self.datasets))
         self._start_system_metrics()
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
+    def on_step(self, record: StepRecord) -> None:
         if self.run_id is not None:
-            self.writer.log_metrics(self.run_id, StepRecord.metrics(metrics), int(metrics.get("step", 0)))
+            self.writer.log_metrics(self.run_id, StepRecord.metrics(record), record.step)
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
+    def on_eval(self, record: EvalRecord) -> None:
         if self.run_id is not None:
-            self.writer.log_metrics(self.run_id, EvalRecord.metrics(metrics), int(metrics.get("step", 0)))
+            self.writer.log_metrics(self.run_id, EvalRecord.metrics(record), record.step)
 
     def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
         kind = info.get("kind", "step")
@@ -205,9 +205,9 @@ class MLflowCallback(TrainingCallback):
         if self.run_id is not None:
             self.writer.set_tags(self.run_id, {"latest_checkpoint": str(Path(path).resolve())})
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_end(self, summary: SummaryRecord) -> None:
         if self.run_id is not None:
-            self.writer.log_metrics(self.run_id, SummaryRecord.metrics(summary), int(summary.get("steps", 0)))
+            self.writer.log_metrics(self.run_id, SummaryRecord.metrics(summary), summary.steps)
             if self.log_checkpoints:
                 for kind in ("final", "best"):
                     if kind in self.checkpoints:
