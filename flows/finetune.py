@@ -17,8 +17,8 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
+from flows.environment.prefect_settings import hide_user_error_tracebacks
 from flows.failure_hooks import record_failure
-from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
 from flows.trials import TableRun
 from gptcore.errors import first_line

@@ -12,8 +12,8 @@ from pathlib import Path
 from prefect import flow
 from prefect.runtime import flow_run
 
+from flows.environment.prefect_settings import hide_user_error_tracebacks
 from flows.failure_hooks import record_failure
-from flows.prefect_env import hide_user_error_tracebacks
 from flows.report import PipelineReport
 from tasks import pipeline as stages
 from tasks.params.loading import choice, load_params

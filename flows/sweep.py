@@ -40,8 +40,8 @@ def sweep(
     """Trials of the pipeline over the parameter file's `sweep:` section, or `grid`/`random`/`seed`
     given here; the data stages once, then each trial in its own process, `parallel` at a time, or as
     runs of a deployment on `work_pool` (`flows.sweep_pool`)."""
+    from flows.environment.prefect_settings import hide_user_error_tracebacks
     from flows.pipeline import end_to_end
-    from flows.prefect_env import hide_user_error_tracebacks
     from tasks.params.loading import load_params
     from tasks.params.sweep import expand, validate_trials, with_options
 

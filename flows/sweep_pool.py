@@ -29,7 +29,7 @@ def ensure_deployment(pool: str) -> str:
     """The trial deployment on `pool`, from this checkout; its `flow/deployment` name."""
     from prefect import Flow
 
-    from flows.prefect_env import PROJECT_ROOT
+    from flows.environment.prefect_settings import PROJECT_ROOT
 
     flow = Flow.from_source(source=str(PROJECT_ROOT), entrypoint="flows/pipeline.py:end_to_end")
     flow.deploy(

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gptcore.runtime.decided import Runtime
+from gptcore.runtime.device import DeviceReport
 from gptcore.tools.fingerprint import sha256_file
 from gptcore.train.records import SummaryRecord
 
@@ -54,7 +55,7 @@ class TokensResult(StageResult):
 
 
 class DeviceResult(StageResult):
-    device: dict[str, Any]  # gptcore.runtime.device.device_report()
+    device: DeviceReport  # the machine's facts and its precision probe
     runtime: Runtime  # the decided runtime: what the training stages train with
 
 

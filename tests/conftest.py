@@ -56,7 +56,8 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One Prefect API server for the whole session, started the way `gptpipe run` starts its own
-    (`flows.prefect_env.TemporaryServer`): every module talks to it with a home of its own."""
+    (`flows.environment.prefect_settings.TemporaryServer`): every module talks to it with a home of its
+    own."""
     home = migrated_prefect_home(tmp_path_factory.mktemp("prefect-server"))
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
@@ -95,7 +96,7 @@ def commands_env(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) 
 
 _SERVER_SCRIPT = """
 import signal, sys, threading
-from flows.prefect_env import TemporaryServer
+from flows.environment.prefect_settings import TemporaryServer
 server = TemporaryServer(startup_timeout=300)
 server.start()
 server.wait()

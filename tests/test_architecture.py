@@ -257,3 +257,21 @@ def test_no_module_runs_python_code_written_in_a_string() -> None:
         if re.search(r"\b(?:from|import)\s+(?:gptcore|tasks|flows)\b", node.value)
     ]
     assert hidden == []
+
+
+def test_the_repository_paths_modules_find_from_their_own_place_exist() -> None:
+    """A module that finds the repository from its own file (`Path(__file__).parents[N]`) breaks without
+    a word when it moves to another folder: each such path is where it should be."""
+    from flows.environment.prefect_settings import PREFECT_TOML, project_settings
+    from tasks.params.loading import PARAMS_DIR, PROFILES_DIR
+
+    assert PREFECT_TOML == ROOT / "prefect.toml" and PREFECT_TOML.is_file()
+    assert project_settings()["PREFECT_HOME"] == str(ROOT / ".prefect")
+    assert PARAMS_DIR == ROOT / "params" and PROFILES_DIR.is_dir()
+    found = [
+        f"{name}: {node.value!r}"
+        for name, path in SOURCES.items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value == "pyproject.toml"
+    ]
+    assert found == ["flows.cli.dependencies: 'pyproject.toml'"]  # parents[2] of flows/cli/: the root

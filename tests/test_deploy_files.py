@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.servers import DATABASES
+from flows.servers.team import DATABASES
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from flows.gc_tuning import bulk_imports
+from flows.environment.gc_tuning import bulk_imports
 
 
 def test_bulk_imports_pause_the_collector_and_freeze_what_was_made() -> None:

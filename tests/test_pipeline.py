@@ -327,12 +327,13 @@ def test_smoke_gate_reads_validation_from_the_start_to_the_end() -> None:
 
 
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:
-    from gptcore.runtime.device import resolve_runtime
+    from gptcore.runtime.device import device_report, resolve_runtime
 
     params = load_params(REPO / "params" / "iteration_2.yaml")
     decided = resolve_runtime(RuntimeConfig(device="cpu", precision="fp32"), params.defaults_for)
-    cpu = DeviceResult(device={}, runtime=decided)
+    report = device_report("cpu", precision_speeds=False)
+    cpu = DeviceResult(device=report, runtime=decided)
     assert "needs CUDA" in full_refusal(params, cpu)
-    assert full_refusal(params, DeviceResult(device={}, runtime=replace(decided, device="cuda"))) is None
+    assert full_refusal(params, DeviceResult(device=report, runtime=replace(decided, device="cuda"))) is None
     bounded = load_params(REPO / "params" / "iteration_2.yaml", ["runtime.device=cpu", "full.max_steps=5"])
     assert full_refusal(bounded, cpu) is None

@@ -122,10 +122,12 @@ def test_an_explicit_precision_that_pays_has_no_warning() -> None:
 def test_the_device_report_carries_the_probes_ratios(monkeypatch: pytest.MonkeyPatch) -> None:
     an_emulating_cpu(monkeypatch)
     report = rt.device_report("cpu")
-    assert (report["bf16_train_speedup"], report["bf16_decode_speedup"]) == (0.15, 2.5)
-    assert report["bf16_emulated"] and report["fp16_emulated"]
-    assert PrecisionSpeeds.from_dict(report["precision_speeds"]) == probe_result("cpu", 0.15, 2.5, False)
-    assert "precision_speeds" not in rt.device_report("cpu", precision_speeds=False)
+    assert report.precision_speeds == probe_result("cpu", 0.15, 2.5, False)
+    printed = report.to_dict()  # as `gptpipe device --json` prints it
+    assert (printed["bf16_train_speedup"], printed["bf16_decode_speedup"]) == (0.15, 2.5)
+    assert printed["bf16_emulated"] and printed["fp16_emulated"]
+    assert PrecisionSpeeds.from_dict(printed["precision_speeds"]) == report.precision_speeds
+    assert "precision_speeds" not in rt.device_report("cpu", precision_speeds=False).to_dict()
 
 
 def test_the_probe_times_a_slow_precision_once_and_a_fast_one_until_its_budget(
@@ -222,7 +224,7 @@ def test_without_torchs_device_table_one_real_fused_step_decides(monkeypatch: py
 
 
 def test_device_report_holds_the_environment_facts() -> None:
-    report = rt.device_report("cpu")
+    report = rt.device_report("cpu").to_dict()
     for key in (
         "torch_version",
         "cuda_available",

@@ -147,7 +147,8 @@ def test_a_killed_gptpipe_run_takes_its_temporary_prefect_server_along(tmp_path:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(migrated_prefect_home(tmp_path / "prefect")), PYTHONPATH=str(REPO))
     code = (
-        "import time; from flows.prefect_env import TemporaryServer; server = TemporaryServer(); "
+        "import time; from flows.environment.prefect_settings import TemporaryServer; "
+        "server = TemporaryServer(); "
         "server.start(); server.wait(); print(server.api_url, flush=True); time.sleep(600)"
     )
     process = subprocess.Popen(

@@ -25,7 +25,7 @@ from fault_support import TINY_PARAMS
 from process_support import free_port
 from test_pipeline import gptpipe, states, write_corpus, write_params
 
-from flows.servers import postgres_program
+from flows.servers.team import postgres_program
 from gptcore.errors import ConfigError
 from tasks.params.schema import STAGES
 

@@ -17,7 +17,7 @@ import click
 import typer
 
 from flows.cli.dependencies import missing_dependency
-from flows.gc_tuning import freeze_before_exit
+from flows.environment.gc_tuning import freeze_before_exit
 from gptcore.errors import GptpipeError
 from gptcore.runtime.malloc import tune_malloc
 

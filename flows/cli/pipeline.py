@@ -106,8 +106,8 @@ def finetune_command(
 def _start_prefect(checked: object) -> None:
     """Prefect's project settings and a temporary server (unless one is configured), started while the
     imports every run needs load and the MLflow store is opened and checked."""
-    from flows.gc_tuning import bulk_imports
-    from flows.prefect_env import TemporaryServer, apply_project_settings
+    from flows.environment.gc_tuning import bulk_imports
+    from flows.environment.prefect_settings import TemporaryServer, apply_project_settings
 
     apply_project_settings()
     server = TemporaryServer()

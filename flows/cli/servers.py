@@ -25,7 +25,7 @@ def servers_command(
 ) -> None:
     """Start PostgreSQL, MLflow's tracking server and Prefect's server on it; Ctrl-C stops them all."""
     from flows.cli.tracking import is_loopback
-    from flows.servers import ServerSettings, Stack
+    from flows.servers.team import ServerSettings, Stack
 
     for module in ("psycopg", *(("flask_wtf",) if auth else ())):
         if importlib.util.find_spec(module) is None:

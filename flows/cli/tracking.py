@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from flows.cli.options import resolve_params
-from flows.servers import server_environment
+from flows.servers.team import server_environment
 from gptcore.errors import ConfigError
 from gptcore.runtime.config import ConcretePrecision
 from tasks.params.loading import choice
@@ -195,7 +195,7 @@ def _compare_in_a_flow(
     batch_size: int | None, precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
 ) -> None:  # fmt: skip
     """Both sides trained by the `compare` flow, recorded in MLflow."""
-    from flows.prefect_env import TemporaryServer, apply_project_settings
+    from flows.environment.prefect_settings import TemporaryServer, apply_project_settings
 
     apply_project_settings()
     server = TemporaryServer()

@@ -31,7 +31,7 @@ def device_command(
     """Verify the environment: torch, CUDA, the device a run takes, bf16, TF32, fused AdamW."""
     from gptcore.runtime.device import device_report
 
-    report = device_report(choice("--device", device, Device))
+    report = device_report(choice("--device", device, Device)).to_dict()
     if as_json:
         print(json.dumps(report))
         return
@@ -73,7 +73,7 @@ def training_callbacks(
     checked here, so an unreachable tracking server stops the command before any training), which
     declares the job's token files as its datasets."""
     from gptcore.train.json_lines import JsonLinesCallback
-    from gptcore.train.progress_bar import ProgressBar, wants_progress_bar
+    from tasks.progress_bar import ProgressBar, wants_progress_bar
 
     callbacks: list[Any] = (
         [ProgressBar(stage), JsonLinesCallback(events=("summary", "failure"))]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import platform
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Any, Protocol
 
@@ -222,39 +222,65 @@ def processor_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_report(device: str = "auto", precision_speeds: bool = True) -> dict[str, Any]:
-    """The environment as facts: torch, CUDA, the device a run would take, what it supports, and (with
-    `precision_speeds`) what each 16-bit precision is worth there: the matmul probe's ratios to fp32."""
+@dataclass(frozen=True)
+class DeviceReport:
+    """The environment as facts: torch, CUDA, the device a run would take, what it supports, and what
+    each 16-bit precision is worth there (the matmul probe's ratios to fp32), when measured."""
+
+    torch_version: str
+    torch_cuda_version: str | None
+    cuda_available: bool
+    cuda_device_count: int
+    mps_available: bool
+    device: ConcreteDevice
+    processor: str
+    cpu_threads: int
+    bf16_supported: bool
+    fused_adamw_supported: bool
+    fp16_supported: bool = True
+    tf32_supported: bool = False  # Ampere and later GPUs have TF32 tensor cores
+    gpu_name: str | None = None
+    gpu_memory_bytes: int | None = None
+    gpu_compute_capability: str | None = None
+    precision_speeds: PrecisionSpeeds | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `gptpipe device --json` prints it: the facts, and the probe's figures flat beside its record
+        (`bf16_train_speedup`, ..., `bf16_emulated`)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "precision_speeds"}
+        if self.precision_speeds is not None:
+            speeds = self.precision_speeds
+            values["precision_speeds"] = speeds.to_dict()
+            values.update(speeds.figures())
+            values.update({f"{s.precision}_emulated": s.emulated for s in speeds.speeds})
+        return values
+
+
+def device_report(device: str = "auto", precision_speeds: bool = True) -> DeviceReport:
+    """The environment of a run on `device` (`auto` resolved here), with the precision probe's figures when
+    `precision_speeds`."""
     resolved = resolve_device(device)
     cuda = torch.cuda.is_available()
-    report: dict[str, Any] = {
-        "torch_version": torch.__version__,
-        "torch_cuda_version": torch.version.cuda,
-        "cuda_available": cuda,
-        "cuda_device_count": torch.cuda.device_count() if cuda else 0,
-        "mps_available": mps_available(),
-        "device": resolved,
-        "processor": processor_name(),
-        "cpu_threads": torch.get_num_threads(),
-        "gpu_name": None,
-        "gpu_memory_bytes": None,
-        "gpu_compute_capability": None,
-        "bf16_supported": _bf16_supported(resolved),
-        "fp16_supported": True,
-        "tf32_supported": False,
-        "fused_adamw_supported": fused_adamw_supported(resolved),
-    }
+    gpu: dict[str, Any] = {}
     if resolved == "cuda":
         properties = torch.cuda.get_device_properties(0)
-        report.update(
-            gpu_name=properties.name,
-            gpu_memory_bytes=int(properties.total_memory),
-            gpu_compute_capability=f"{properties.major}.{properties.minor}",
-            tf32_supported=properties.major >= 8,  # Ampere and later have TF32 tensor cores
-        )
-    if precision_speeds:
-        speeds = measure_precision_speeds(resolved)
-        report["precision_speeds"] = speeds.to_dict()
-        report.update(speeds.figures())
-        report.update({f"{s.precision}_emulated": s.emulated for s in speeds.speeds})
-    return report
+        gpu = {
+            "gpu_name": properties.name,
+            "gpu_memory_bytes": int(properties.total_memory),
+            "gpu_compute_capability": f"{properties.major}.{properties.minor}",
+            "tf32_supported": properties.major >= 8,
+        }
+    return DeviceReport(
+        torch_version=torch.__version__,
+        torch_cuda_version=torch.version.cuda,
+        cuda_available=cuda,
+        cuda_device_count=torch.cuda.device_count() if cuda else 0,
+        mps_available=mps_available(),
+        device=resolved,
+        processor=processor_name(),
+        cpu_threads=torch.get_num_threads(),
+        bf16_supported=_bf16_supported(resolved),
+        fused_adamw_supported=fused_adamw_supported(resolved),
+        precision_speeds=measure_precision_speeds(resolved) if precision_speeds else None,
+        **gpu,
+    )

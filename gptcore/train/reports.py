@@ -68,7 +68,7 @@ def startup_record(trainer: Trainer) -> StartupRecord:
     machine = ("processor", "gpu_name", "gpu_memory_bytes", "torch_version", "cuda_available")
     directory, resumed = job.checkpoint_directory, trainer.resumed_from
     return StartupRecord(
-        **{key: device[key] for key in machine},
+        **{key: getattr(device, key) for key in machine},
         **trainer.runtime.to_dict(),
         compile_seconds=trainer.compile_seconds,
         attention_backend=attention_backend(job.model, trainer.runtime.device, trainer.runtime.dtype),

@@ -14,7 +14,6 @@ def device_task(params: PipelineParams) -> DeviceResult:
     """What the training stages will run on: the device report (with each 16-bit precision's measured
     speed against fp32, which `precision: auto` decided by) and the resolved runtime."""
     from gptcore.runtime.device import device_report, resolve_runtime
-    from gptcore.runtime.precision_speed import PrecisionSpeeds
 
     runtime = resolve_runtime(params.runtime, params.defaults_for)
     report = device_report(runtime.device)
@@ -27,8 +26,8 @@ def device_task(params: PipelineParams) -> DeviceResult:
             "batch_size": runtime.batch_size,  # with `auto`, the profile's until the smoke stage decides
             "batch_size_source": runtime.batch_size_source,
             "grad_accum_steps": runtime.grad_accum_steps,
-            "cuda_available": report["cuda_available"],
-            "gpu_name": report["gpu_name"],
-            **PrecisionSpeeds.from_dict(report["precision_speeds"]).figures(),
+            "cuda_available": report.cuda_available,
+            "gpu_name": report.gpu_name,
+            **(report.precision_speeds.figures() if report.precision_speeds else {}),
         },
     )

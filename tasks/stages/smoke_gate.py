@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gptcore.errors import TrainingError
+from gptcore.runtime.device import DeviceReport
 from gptcore.train.guards import uniform_loss
 
 # How far the last validation loss may sit above the first, in nats: same examples, so no sampling
@@ -131,10 +132,10 @@ def judge(
     )
 
 
-def memory_limit(device_report: dict[str, Any]) -> int:
+def memory_limit(report: DeviceReport) -> int:
     """The memory a run may use: the GPU's on CUDA, the machine's physical memory on CPU."""
-    if device_report.get("device") == "cuda" and device_report.get("gpu_memory_bytes"):
-        return int(device_report["gpu_memory_bytes"])
+    if report.device == "cuda" and report.gpu_memory_bytes:
+        return report.gpu_memory_bytes
     import psutil
 
     return int(psutil.virtual_memory().total)

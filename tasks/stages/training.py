@@ -93,7 +93,7 @@ def _training_fingerprint(
     from gptcore.finetune.start import start_identity
 
     runtime = {key: getattr(device.runtime, key) for key in _RUNTIME_KEYS}
-    machine = {key: device.device.get(key) for key in ("device", "gpu_name", "torch_version")}
+    machine = {key: getattr(device.device, key) for key in ("device", "gpu_name", "torch_version")}
     tune = params.finetune  # a fine-tune: the base's weights (by content) and the adapters' settings
     start = start_identity(Path(tune.weights), tune.adapters()) if tune and tune.weights else None
     return fingerprint(
@@ -168,8 +168,8 @@ def _train(
     decisions (its precision probe; the smoke stage's `auto` batch); checkpoints go into `directory`."""
     from gptcore.distributed.torchrun import LaunchSpec
     from gptcore.runtime.batch_size import BatchChoice
-    from gptcore.train.progress_bar import ProgressBar, wants_progress_bar
     from tasks.device_slot import device_slot
+    from tasks.progress_bar import ProgressBar, wants_progress_bar
     from tasks.training_launch import launch_training
 
     if wants_progress_bar():

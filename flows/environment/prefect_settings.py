@@ -28,7 +28,7 @@ from typing import Any
 from gptcore.errors import ConfigError
 from gptcore.tools.processes import LAUNCHER_PID_VARIABLE
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PREFECT_TOML = PROJECT_ROOT / "prefect.toml"
 # Settings whose values are paths, relative to the project root in prefect.toml.
 _PATH_SETTINGS = {"PREFECT_HOME", "PREFECT_RESULTS_LOCAL_STORAGE_PATH", "PREFECT_LOCAL_STORAGE_PATH"}
@@ -93,9 +93,9 @@ class TemporaryServer:
     """Prefect's temporary API server, started as a subprocess before Prefect is even imported.
 
     Prefect would start the same server itself (`uvicorn prefect.server.api.server:create_app`, here
-    run through `flows.prefect_server`, which imports it faster), but only after importing its whole
-    server package in this process, and it waits for the server to stop at exit. Starting it here
-    first, and pointing PREFECT_API_URL at it, lets it come up while torch and the stage code import;
+    run through `flows.environment.prefect_server`, which imports it faster), but only after importing
+    its whole server package in this process, and it waits for the server to stop at exit. Starting it
+    here first, and pointing PREFECT_API_URL at it, lets it come up while torch and the stage code import;
     at exit it is asked to stop without waiting. The database is the one under PREFECT_HOME, as with
     Prefect's own temporary server.
     """
@@ -116,7 +116,7 @@ class TemporaryServer:
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
         }
-        command = [sys.executable, "-m", "flows.prefect_server"]
+        command = [sys.executable, "-m", "flows.environment.prefect_server"]
         command += ["--factory", "prefect.server.api.server:create_app"]
         command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
         self.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)

@@ -27,8 +27,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.servers.services import Service, run_services
 from gptcore.errors import ConfigError
-from gptcore.tools.services import Service, run_services
 
 DATABASES = ("mlflow", "mlflow_auth", "prefect")
 ROLE = "gptpipe"  # the PostgreSQL role both servers connect as

@@ -1,14 +1,16 @@
-"""`python -m flows.prefect_server UVICORN-ARGS`: uvicorn serving Prefect's API, imported quickly.
+"""`python -m flows.environment.prefect_server UVICORN-ARGS`: uvicorn serving Prefect's API, imported
+quickly.
 
-The temporary server (see `flows.prefect_env.TemporaryServer`) spends most of its start importing
-Prefect's server package; doing that inside `bulk_imports` takes about a second off on this machine.
+The temporary server (see `flows.environment.prefect_settings.TemporaryServer`) spends most of its start
+importing Prefect's server package; doing that inside `bulk_imports` takes about a second off on this
+machine.
 """
 
 from __future__ import annotations
 
 import sys
 
-from flows.gc_tuning import bulk_imports
+from flows.environment.gc_tuning import bulk_imports
 
 
 def main() -> None:
