@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from gptcore.runtime.batch_size import BatchChoice
 from gptcore.runtime.decided import Runtime
 from gptcore.runtime.device import DeviceReport
 from gptcore.tools.fingerprint import sha256_file
@@ -71,8 +72,14 @@ class SmokeResult(StageResult):
     estimate: dict[str, Any] | None = None  # gptcore.train.estimate.RunTimeEstimate.figures(): its parts
     # tasks.stages.smoke_gate.DataSizing: tokens per parameter of the full run and of the train split.
     data_sizing: dict[str, Any] = {}
-    # The batch it trained with (gptcore.runtime.batch_size.BatchChoice as a dict): full training reuses it.
-    batch: dict[str, Any] = {}
+    # The batch it trained with: full training reuses it (`batch_size: auto`). None: a result cached
+    # before the smoke stage recorded it (`{}` then).
+    batch: BatchChoice | None = None
+
+    @field_validator("batch", mode="before")
+    @classmethod
+    def _none_when_empty(cls, value: Any) -> Any:
+        return value or None
 
 
 class FullResult(StageResult):

@@ -326,6 +326,18 @@ def test_smoke_gate_reads_validation_from_the_start_to_the_end() -> None:
         judge([5.9, 5.0], [5.0], 10, 100, vocab)
 
 
+def test_a_smoke_result_holds_its_batch_typed_and_one_cached_without_it_still_reads() -> None:
+    from gptcore.runtime.batch_size import BatchChoice
+    from tasks.results import SmokeResult
+
+    fields = dict(gate={}, optimizer={}, schedule={}, precision="fp32", val_losses=[], summary={"steps": 2})
+    fields.update(full_planned_steps=2, estimated_full_seconds=1.0)
+    saved = {"batch_size": 8, "grad_accum_steps": 2, "source": "estimated", "figures": {"tried": [8]}}
+    assert SmokeResult.model_validate({**fields, "batch": saved}).batch == BatchChoice(**saved)
+    assert SmokeResult.model_validate({**fields, "batch": {}}).batch is None  # cached before it was kept
+    assert SmokeResult.model_validate(fields).summary.steps == 2
+
+
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:
     from gptcore.runtime.device import device_report, resolve_runtime
 

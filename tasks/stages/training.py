@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from prefect import task
 
 from gptcore.data.batches import examples_in
 from gptcore.errors import TrainingError
+from gptcore.runtime.batch_size import BatchChoice
 from gptcore.tools.atomic import write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
 from gptcore.train.config import TrainingConfig
@@ -88,7 +90,7 @@ def _training_fingerprint(
     tokens: TokensResult,
     device: DeviceResult,
     schedule: TrainingConfig | None = None,
-    batch: dict[str, Any] | None = None,
+    batch: BatchChoice | None = None,
 ) -> str:
     from gptcore.finetune.start import start_identity
 
@@ -105,7 +107,7 @@ def _training_fingerprint(
         params.training_section(stage).model_dump(),
         schedule.model_dump() if schedule is not None else None,
         _training_code_version(),
-        *([batch["batch_size"], batch["grad_accum_steps"]] if batch else []),
+        *([batch.batch_size, batch.grad_accum_steps] if batch else []),
         *([start] if start else []),  # absent for pretraining: its cached stages keep their keys
     )
 
@@ -123,7 +125,7 @@ def full_fingerprint(
     return _training_fingerprint("full", params, tokens, device, batch=reused_batch(params, smoke))
 
 
-def reused_batch(params: PipelineParams, smoke: SmokeResult | None) -> dict[str, Any] | None:
+def reused_batch(params: PipelineParams, smoke: SmokeResult | None) -> BatchChoice | None:
     """The smoke stage's `auto` batch, which full training trains with (None: configured)."""
     if params.runtime.batch_size != "auto" or smoke is None or not smoke.batch:
         return None
@@ -161,13 +163,12 @@ def _train(
     callbacks: list[Any],
     resume: bool,
     nproc: int = 1,
-    batch: dict[str, Any] | None = None,
+    batch: BatchChoice | None = None,
 ) -> SummaryRecord:
     """One training of the stage (`tasks.training_launch`), in this process or on `nproc` local
     processes under torchrun, holding the device's slot (`tasks.device_slot`), with the device stage's
-    decisions (its precision probe; the smoke stage's `auto` batch); checkpoints go into `directory`."""
+    decisions (its runtime; the smoke stage's `auto` batch); checkpoints go into `directory`."""
     from gptcore.distributed.torchrun import LaunchSpec
-    from gptcore.runtime.batch_size import BatchChoice
     from tasks.device_slot import device_slot
     from tasks.progress_bar import ProgressBar, wants_progress_bar
     from tasks.training_launch import launch_training
@@ -187,7 +188,7 @@ def _train(
             resume=resume,
             tokenizer=Path(tokens.tokenizer_path),
             extra_fingerprint={"tokens": tokens.fingerprint},
-            batch=BatchChoice(**batch) if batch else None,
+            batch=batch,  # the smoke stage's, with `batch_size: auto`
             decided=device.runtime,  # the device stage's decision is what the run trains with
         )
     if summary is None:  # one node, so rank 0's: only a run that reported nothing gets here
@@ -240,15 +241,13 @@ def smoke_task(
         "estimated_full_seconds": estimate.total_seconds if estimate else math.inf,
         "estimate": estimate.figures() if estimate else None,
         "data_sizing": {**sizing.figures(), "warning": sizing.warning()},
-        "batch": {
-            "batch_size": startup.batch_size,
-            "grad_accum_steps": startup.grad_accum_steps,
-            "source": startup.batch_size_source,
-            "figures": startup.batch_probe,
-        },
+        "batch": BatchChoice(
+            startup.batch_size, startup.grad_accum_steps, startup.batch_size_source, startup.batch_probe
+        ),
     }
     record_path = directory / SMOKE_RECORD
-    write_json_atomic(record_path, {**record, "summary": summary.to_dict()}, default=str)
+    written = {**record, "summary": summary.to_dict(), "batch": asdict(record["batch"])}
+    write_json_atomic(record_path, written, default=str)
     if not gate.passed:
         cause = gate.likely_cause(optimizer.learning_rate, startup.precision)
         raise TrainingError(
