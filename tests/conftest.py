@@ -21,11 +21,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """Each pytest worker is a machine of its own to the device slots (tasks.device_slot), so a pipeline
     one worker runs never waits for a training another worker's test holds (nor for a person's run
     beside the suite); tests of the slots themselves name their machines."""
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker is not None:  # a worker process of pytest-xdist
-        os.environ["GPTPIPE_MACHINE"] = f"pytest-{worker}"
-    elif not hasattr(config.option, "numprocesses") or not config.option.numprocesses:  # one process
-        os.environ.setdefault("GPTPIPE_MACHINE", "pytest-main")
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")  # gw0, gw1...: xdist's workers
+    os.environ["GPTPIPE_MACHINE"] = f"pytest-{worker}"  # set, not defaulted: workers inherit the main's
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

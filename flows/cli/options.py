@@ -16,9 +16,12 @@ import tempfile
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tasks.params.schema import PipelineParams
 
 
 def params_path(params_file: Path | None, iteration: int | None) -> Path:
@@ -30,7 +33,9 @@ def params_path(params_file: Path | None, iteration: int | None) -> Path:
     return params_file if params_file is not None else iteration_file(iteration or 1)
 
 
-def resolve_params(params_file: Path | None, iteration: int | None, overrides: list[str]) -> tuple[Path, Any]:
+def resolve_params(
+    params_file: Path | None, iteration: int | None, overrides: list[str]
+) -> tuple[Path, PipelineParams]:
     """The parameter file and its validated parameters, `--set` overrides applied. A file that can be
     read only once (a pipe: `--params <(...)`) is read into a regular copy the stages read after."""
     from tasks.params.loading import load_params

@@ -15,6 +15,7 @@ from flows.servers.team import server_environment
 from gptcore.errors import ConfigError
 from gptcore.runtime.config import ConcretePrecision
 from tasks.params.loading import choice
+from tasks.params.schema import PipelineParams
 
 
 def is_loopback(host: str) -> bool:
@@ -160,7 +161,7 @@ def compare_command(
         _compare_in_a_flow(path, list(set_), axis, chosen, limits, batch_size, precision, sources)
 
 
-def _compare_recorded(params: Any, runs: str, axis: str) -> None:
+def _compare_recorded(params: PipelineParams, runs: str, axis: str) -> None:
     """Two runs already in MLflow, compared without training."""
     from flows.compare import compare_runs
     from gptcore.eval.comparison import print_comparison
@@ -175,7 +176,7 @@ def _compare_recorded(params: Any, runs: str, axis: str) -> None:
 
 
 def _compare_in_memory(
-    params: Any, axis: str, chosen: list[str] | None, limits: Any, batch_size: int | None,
+    params: PipelineParams, axis: str, chosen: list[str] | None, limits: Any, batch_size: int | None,
     precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
 ) -> None:  # fmt: skip
     """Both sides trained in this process; nothing recorded (`--no-track`)."""

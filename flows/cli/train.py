@@ -21,7 +21,7 @@ from gptcore.runtime.config import Device, Precision
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.records import StartupRecord
 from tasks.params.loading import choice
-from tasks.params.schema import TrainingStage
+from tasks.params.schema import PipelineParams, TrainingStage
 
 
 def device_command(
@@ -62,7 +62,7 @@ def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
 
 
 def training_callbacks(
-    params: Any,
+    params: PipelineParams,
     stage: str,
     track: bool = False,
     params_file: Path | None = None,
@@ -107,7 +107,11 @@ class WarningLines(TrainingCallback):
 
 
 def _token_sources(
-    params: Any, stage: str, train_tokens: Path | None, validation_tokens: Path | None, synthetic: bool
+    params: PipelineParams,
+    stage: str,
+    train_tokens: Path | None,
+    validation_tokens: Path | None,
+    synthetic: bool,
 ) -> tuple[Any, Any]:
     if train_tokens is not None or not synthetic:
         return train_tokens, validation_tokens
@@ -124,7 +128,7 @@ def _token_sources(
 
 
 def preflight_inputs(
-    params: Any, train_tokens: Path | None, validation_tokens: Path | None, tokenizer: Path | None
+    params: PipelineParams, train_tokens: Path | None, validation_tokens: Path | None, tokenizer: Path | None
 ) -> None:
     """Token files and tokenizer checked before the trainer loads, so a bad one is answered in a
     moment: size and dtype against the manifest, ids and tokenizer against the model's vocabulary."""

@@ -5,7 +5,7 @@ the pipeline's device stage to the trainer, its start-up record and MLflow."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gptcore.runtime.config import ConcreteDevice, ConcretePrecision
@@ -58,11 +58,6 @@ class Runtime:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Runtime:
-        """A runtime as `to_dict` wrote it (a launched rank's job, a stage's result)."""
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     def in_this_process(self) -> Runtime:
         """The same decision, with the facts of the process that runs it (a rank under torchrun has

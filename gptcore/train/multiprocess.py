@@ -109,7 +109,7 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
         follows=_load_section(data["follows"]),
         follows_world_size=data["follows_world_size"],
         batch=BatchChoice(**data["batch"]) if data.get("batch") else None,
-        decided=Runtime.from_dict(data["decided"]) if data.get("decided") else None,
+        decided=Runtime(**data["decided"]) if data.get("decided") else None,  # as to_dict wrote it
         train_tokens=_load_source(data["train_tokens"]),
         validation_tokens=_load_source(data["validation_tokens"]),
         checkpoint_directory=Path(directory) if directory else None,
