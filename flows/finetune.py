@@ -1,7 +1,8 @@
 """The fine-tune flows: a trained model adapted to new text, LoRA and full fine-tuning side by side.
 
 `finetune_method` is one method's pipeline: base model → token files of the new corpus (with the base's
-tokenizer) → device check → smoke → fine-tune → held-out evaluation (registered as a version of
+tokenizer) → device check → smoke → fine-tune → merge (LoRA's adapters folded into the weights: what
+every later stage reads) → held-out evaluation (registered as a version of
 `gptpipe-iteration-N-<name>` with its lineage; the champion rule on the new corpus's test split) →
 before/after on the new and the base corpus's test splits. `finetune` runs it for each method the
 parameter file asks for, each as a child run of one comparison run, and publishes their table: what
@@ -68,12 +69,13 @@ def finetune_method(
         trained = report.stage(
             "finetune", lambda: stages.full(tuned, tokens, device, smoke, tracking, name="finetune")
         )
+        merged = report.stage("merge", lambda: stages.merge(tuned, trained, tracking))
         evaluate = report.stage(
-            "evaluate", lambda: stages.evaluate(tuned, tokens, device, trained, tracking, lineage)
+            "evaluate", lambda: stages.evaluate(tuned, tokens, device, merged, tracking, lineage)
         )
         report.stage(
             "before-after",
-            lambda: stages.before_after(tuned, tokens, device, trained, evaluate, base, tracking),
+            lambda: stages.before_after(tuned, tokens, device, merged, evaluate, base, tracking),
         )
     finally:
         report.close(tracking, key=f"gptpipe-finetune-{params.finetune.name}-{params.finetune.method}")

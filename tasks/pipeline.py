@@ -19,6 +19,7 @@ from tasks.results import (
     EvaluateResult,
     ExportResult,
     FullResult,
+    MergeResult,
     QuantizeResult,
     SmokeResult,
     TokenizerResult,
@@ -127,6 +128,17 @@ def full(
         smoke=smoke.result,
         run_context=tracking.context(name),
     )
+    tracking.record_stage(outcome)
+    return outcome
+
+
+def merge(params: PipelineParams, full: StageOutcome, tracking: PipelineRecorder) -> StageOutcome:
+    """A fine-tune's checkpoints as plain models (LoRA's merged, logged as models of the stage's run)."""
+    fingerprint = finetune_stage.merge_fingerprint(params, full.result)
+    task = finetune_stage.merge_task
+    outcome = run_cached("merge", task, MergeResult, fingerprint=fingerprint, params=params, full=full.result)
+    if outcome.state == "completed" and outcome.result.merged:
+        tracking.log_models("merge", [Path(path) for path in outcome.result.checkpoints])
     tracking.record_stage(outcome)
     return outcome
 

@@ -82,9 +82,24 @@ class SmokeResult(StageResult):
         return value or None
 
 
-class FullResult(StageResult):
+class CheckpointsResult(StageResult):
+    """A stage whose outputs are checkpoints of plain models, in `run_directory`: the stages after
+    training read them (`tasks.stages.evaluate.evaluated_checkpoint`)."""
+
     run_directory: str
+
+
+class FullResult(CheckpointsResult):
     summary: SummaryRecord
+
+
+class MergeResult(CheckpointsResult):
+    """A fine-tune's checkpoints as plain models: a LoRA run's merged into `<run>/merged` (its adapters
+    alone in `adapter`), a full fine-tune's as trained (`merged` false: nothing to merge)."""
+
+    merged: bool
+    checkpoints: list[str]  # the plain checkpoints (final, best): merged, or as trained
+    adapter: str | None = None  # adapter.safetensors, beside it adapter_config.json
 
 
 class EvaluateResult(StageResult):

@@ -1,5 +1,6 @@
 """Fine-tuning through the trainer: a run starts from a trained model's files, trains LoRA adapters on
-it (the base frozen), resumes exactly like any run, and refuses weights of another shape."""
+it (the base frozen), resumes exactly like any run, and refuses weights of another shape. Its adapted
+checkpoints are merged by one explicit step into plain ones, the only kind a reader takes."""
 
 from __future__ import annotations
 
@@ -86,6 +87,38 @@ def test_the_fine_tuned_model_merges_into_a_plain_model_of_the_base_shape(tmp_pa
     assert lora_layers(model) == [] and torch.allclose(adapted, merged, atol=1e-5)
 
 
+def test_readers_refuse_an_adapted_checkpoint_until_the_merge_step_makes_it_plain(
+    tmp_path: Path, base: Path
+) -> None:
+    from gptcore.checkpoint.files import checkpoint_metadata
+    from gptcore.checkpoint.load import checkpoint_model_files, load_model
+    from gptcore.checkpoint.merge import merge_checkpoint
+    from gptcore.finetune.start import start_from
+
+    train(finetune(tmp_path / "run", base), Recorder())
+    adapted = tmp_path / "run" / "final.pt"
+    with pytest.raises(CheckpointError, match=r"final.pt: a LoRA fine-tune's checkpoint, .*\(gptpipe merge"):
+        load_model(adapted)
+    with pytest.raises(CheckpointError, match=r"gptpipe merge --checkpoint-file .*final.pt"):
+        checkpoint_model_files(adapted, tmp_path / "files")
+
+    path = merge_checkpoint(adapted, tmp_path / "merged")
+    plain, record = load_model(path)
+    assert path == tmp_path / "merged" / "final.pt" and lora_layers(plain) == []
+    assert record["step"] == checkpoint_metadata(adapted)["step"] == 8
+    assert record["merged_from"]["sha256"] == checkpoint_metadata(adapted)["sha256"]
+    assert record["merged_from"]["r"] == LORA.r
+    assert not any(key.startswith("lora.") for key in record["config"]), "nothing says adapted any more"
+    model = GPT(TINY)
+    start_from(model, TINY, base, LORA)
+    model.load_state_dict(load_checkpoint(adapted)["model"])
+    x = torch.randint(0, TINY.vocab_size, (2, TINY.block_size))
+    with torch.no_grad():
+        assert torch.allclose(model.eval()(x)[0], plain(x)[0], atol=1e-5), "it computes what was trained"
+    with pytest.raises(CheckpointError, match=r"a plain model's checkpoint, no LoRA adapters in it to merge"):
+        merge_checkpoint(path, tmp_path / "again")
+
+
 def test_weights_of_another_shape_are_refused_before_training(tmp_path: Path) -> None:
     wider = GPT(ModelConfig(**{**TINY.model_dump(), "n_embd": 64}))
     write_model_files(wider, None, tmp_path / "wider")
@@ -95,3 +128,30 @@ def test_weights_of_another_shape_are_refused_before_training(tmp_path: Path) ->
         train(job(None, init_weights=tmp_path / "wider"), Recorder())
     with pytest.raises(ConfigError, match=r"no fp32 model weights \(model.safetensors\) to start from"):
         train(job(None, init_weights=tmp_path / "nothing-here"), Recorder())
+
+
+def test_gptpipe_merge_makes_the_checkpoint_export_refused_until_then(
+    tmp_path: Path, base: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from flows.cli.main import main
+    from gptcore.checkpoint.load import load_model
+
+    train(finetune(tmp_path / "run", base), Recorder())
+    export = ["export", "--checkpoint-directory", str(tmp_path / "run"), "--output", str(tmp_path / "hf")]
+    assert main([*export, "--checkpoint", "final"]) != 0
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "gptpipe merge --checkpoint-file" in error
+    assert not (tmp_path / "hf").exists()
+
+    assert main(["merge", "--checkpoint-directory", str(tmp_path / "run"), "--checkpoint", "final"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["merged"] == str(tmp_path / "run" / "merged" / "final.pt")
+    assert Path(said["adapter"]) == tmp_path / "run" / "merged" / "final-adapter" / "adapter.safetensors"
+    assert lora_layers(load_model(Path(said["merged"]))[0]) == []
+
+    assert main(["merge", "--checkpoint-file", said["merged"]]) != 0
+    assert "a plain model's checkpoint, no LoRA adapters in it to merge" in capsys.readouterr().err
+    assert main(["merge"]) == 2
+    assert "give one of --checkpoint-directory or --checkpoint-file" in capsys.readouterr().err

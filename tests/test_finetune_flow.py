@@ -143,7 +143,7 @@ def test_the_registered_lora_model_is_the_base_plus_its_kept_adapter(
     from tasks.tracking.models.model_uri import model_files_of
 
     lora = reports(workspace.first)[0]
-    adapter_file = next(Path(p) for p in lora["finetune"]["outputs"] if p.endswith("adapter.safetensors"))
+    adapter_file = next(Path(p) for p in lora["merge"]["outputs"] if p.endswith("adapter.safetensors"))
     settings = json.loads(adapter_file.with_name("adapter_config.json").read_text())
     adapter = load_file(adapter_file)
     base = load_file(model_files_in(Path(lora["base"]["outputs"][0])).weights)
@@ -155,6 +155,23 @@ def test_the_registered_lora_model_is_the_base_plus_its_kept_adapter(
     assert torch.allclose(merged[f"{layer}.weight"], base[f"{layer}.weight"] + update, atol=1e-6)
     assert torch.equal(
         merged["transformer.h.0.attn.c_proj.weight"], base["transformer.h.0.attn.c_proj.weight"]
+    )
+
+
+def test_lora_checkpoints_are_merged_by_their_own_stage_and_full_ones_read_as_trained(
+    workspace: Workspace,
+) -> None:
+    lora, full = reports(workspace.first)
+    merged = [Path(path) for path in lora["merge"]["outputs"] if path.endswith(".pt")]
+    assert merged and all(path.parent.name == "merged" for path in merged)
+    assert lora["merge"]["figures"]["merged_checkpoints"] == len(merged)
+    assert full["merge"]["state"] == "completed" and full["merge"]["figures"]["merged_checkpoints"] == 0
+    client = workspace.client()
+    version = client.get_model_version(
+        "gptpipe-iteration-1-notes", lora["evaluate"]["figures"]["model_version"]
+    )
+    assert client.get_run(version.run_id).data.tags["stage"] == "merge", (
+        "the merged model, logged by its stage"
     )
 
 

@@ -1,6 +1,7 @@
-"""Using a trained model: `gptpipe serve` (a logged model behind MLflow's own model server, on loopback
-unless asked otherwise), `gptpipe export` (a Hugging Face folder) and `gptpipe quantize` (the quantize
-stage's trade-off table and quantized models for any fp32 model)."""
+"""Using a trained model: `gptpipe merge` (a LoRA fine-tune's adapters folded into its weights),
+`gptpipe serve` (a logged model behind MLflow's own model server, on loopback unless asked otherwise),
+`gptpipe export` (a Hugging Face folder) and `gptpipe quantize` (the quantize stage's trade-off table
+and quantized models for any fp32 model)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,35 @@ import typer
 from flows.cli.options import resolve_params
 from flows.cli.tracking import is_loopback
 from gptcore.errors import GptpipeError
+
+
+def merge_command(
+    checkpoint_directory: Path | None = typer.Option(
+        None, "--checkpoint-directory", help="a LoRA fine-tune's checkpoint folder"
+    ),
+    checkpoint: str = typer.Option(
+        "auto", "--checkpoint", help="with --checkpoint-directory: auto, final, best, latest"
+    ),
+    checkpoint_file: Path | None = typer.Option(None, "--checkpoint-file", help="a checkpoint .pt file"),
+    output: Path | None = typer.Option(
+        None, "--output", help="the merged checkpoint's folder (default: merged/ beside the checkpoint)"
+    ),
+) -> None:
+    """Merge a LoRA fine-tune's adapters into its weights: a plain checkpoint, which generate, export and
+    quantize read, and the adapters alone beside it (`<name>-adapter/`)."""
+    import json
+
+    from gptcore.checkpoint.load import choose_checkpoint
+    from gptcore.checkpoint.merge import MERGED, merge_checkpoint, write_adapter
+    from gptcore.errors import ConfigError
+
+    if (checkpoint_directory is None) == (checkpoint_file is None):
+        raise ConfigError("gptpipe merge: give one of --checkpoint-directory or --checkpoint-file")
+    path = checkpoint_file or choose_checkpoint(checkpoint_directory, checkpoint)
+    folder = output or path.parent / MERGED
+    merged = merge_checkpoint(path, folder)
+    adapter = write_adapter(path, folder / f"{path.stem}-adapter")
+    print(json.dumps({"merged": str(merged.resolve()), "adapter": str(adapter.resolve()), "from": str(path)}))
 
 
 def serve_command(

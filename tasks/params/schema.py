@@ -19,8 +19,9 @@ from gptcore.train.config import OptimizerConfig, TrainingConfig
 TrainingStage = Literal["smoke", "full"]
 STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export", "quantize")
 # A fine-tune's stages (flows.finetune): the base model in place of a tokenizer, its training `finetune`,
-# and the before/after measurement on the new corpus's test split and the base corpus's.
-FINETUNE_STAGES = ("base", "tokens", "device", "smoke", "finetune", "evaluate", "before-after")
+# `merge` (LoRA's adapters folded into the weights), and the before/after measurement on the new
+# corpus's test split and the base corpus's.
+FINETUNE_STAGES = ("base", "tokens", "device", "smoke", "finetune", "merge", "evaluate", "before-after")
 FinetuneMethod = Literal["lora", "full"]
 
 

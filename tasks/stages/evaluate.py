@@ -12,7 +12,7 @@ from gptcore.tools.atomic import write_json_atomic, write_text_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
 from tasks.caching import fingerprint_key
 from tasks.params.schema import PipelineParams
-from tasks.results import EvaluateResult, FullResult, TokensResult, file_record
+from tasks.results import CheckpointsResult, EvaluateResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
 
 EVALUATION_FILE = "evaluation.json"
@@ -28,8 +28,8 @@ _FIGURES = (
 )
 
 
-def evaluated_checkpoint(params: PipelineParams, full: FullResult) -> Path:
-    """The checkpoint `evaluate.checkpoint` names in the full run's folder (best, else final)."""
+def evaluated_checkpoint(params: PipelineParams, full: CheckpointsResult) -> Path:
+    """The checkpoint `evaluate.checkpoint` names in the trained (or merged) folder (best, else final)."""
     from gptcore.checkpoint.files import named_checkpoint
 
     directory = Path(full.run_directory)
@@ -40,9 +40,9 @@ def evaluated_checkpoint(params: PipelineParams, full: FullResult) -> Path:
     raise CheckpointError(f"{directory}: no {params.evaluate.checkpoint} or final checkpoint to evaluate")
 
 
-def checkpoint_digest(full: FullResult, checkpoint: Path) -> str:
-    """The checkpoint's sha256 as the full stage recorded it (checked unchanged when it was taken from
-    the cache), else computed."""
+def checkpoint_digest(full: CheckpointsResult, checkpoint: Path) -> str:
+    """The checkpoint's sha256 as the stage that wrote it recorded it (checked unchanged when it was
+    taken from the cache), else computed."""
     from gptcore.tools.fingerprint import sha256_file
 
     return full.files.get(str(checkpoint)) or sha256_file(checkpoint)

@@ -21,8 +21,8 @@ from gptcore.errors import ConfigError
 from gptcore.tools.atomic import publish_directory, staging_directory, write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 from tasks.caching import fingerprint_key
-from tasks.params.schema import PipelineParams
-from tasks.results import BaseResult, BeforeAfterResult, TokensResult, file_record
+from tasks.params.schema import FinetuneConfig, PipelineParams
+from tasks.results import BaseResult, BeforeAfterResult, FullResult, MergeResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
 
 BASE_MODELS = "base-models"  # under paths.data_root
@@ -84,7 +84,7 @@ def check_base(params: PipelineParams, scratch: Path) -> tuple[Any, dict[str, st
     return files, lineage
 
 
-def finetune_section(params: PipelineParams, source: str = "the parameter file") -> Any:
+def finetune_section(params: PipelineParams, source: str = "the parameter file") -> FinetuneConfig:
     """The `finetune` section (`tasks.params.schema.FinetuneConfig`); a ConfigError naming `source` when the
     file has none (a pretraining file)."""
     if params.finetune is None:
@@ -151,6 +151,44 @@ def _base_test_split(params: PipelineParams, tokenizer: Path, data_root: Path, c
     if stream.manifest is None or stream.manifest.split != "test":
         raise ConfigError(f"finetune.base_test_tokens {given}: not a test split's token file (test.bin)")
     return given
+
+
+def merge_fingerprint(params: PipelineParams, full: FullResult) -> str:
+    import gptcore.checkpoint.merge
+    import gptcore.finetune.lora
+
+    tune = finetune_section(params)
+    code = code_version_of(gptcore.checkpoint.merge, gptcore.finetune.lora)
+    return fingerprint("merge", full.files, tune.method, params.evaluate.checkpoint, code)
+
+
+@task(name="merge", cache_key_fn=fingerprint_key("merge"), persist_result=True)
+def merge_task(fingerprint: str, params: PipelineParams, full: FullResult) -> MergeResult:
+    """The fine-tune's checkpoints as plain models: a LoRA run's final and best merged into
+    `<run>/merged`, and the evaluated one's adapters alone in `<run>/adapter`; a full fine-tune's
+    checkpoints as they are (it trained the weights themselves)."""
+    from gptcore.checkpoint.files import named_checkpoint
+    from gptcore.checkpoint.merge import ADAPTER_CONFIG, MERGED, merge_checkpoint, write_adapter
+
+    directory = Path(full.run_directory)
+    trained = [path for name in ("final", "best") if (path := named_checkpoint(directory, name))]
+    if finetune_section(params).adapters() is None:
+        plain = [str(path) for path in trained]
+        announce("merge: full fine-tuning trained the weights themselves; nothing to merge")
+        return MergeResult(
+            fingerprint=fingerprint, run_directory=str(directory), merged=False, checkpoints=plain,
+            files=file_record(*plain), outputs=plain, figures={"merged_checkpoints": 0},
+        )  # fmt: skip
+    merged = [merge_checkpoint(path, directory / MERGED) for path in trained]
+    evaluated = named_checkpoint(directory, params.evaluate.checkpoint) or trained[0]
+    adapter = write_adapter(evaluated, directory / "adapter")
+    outputs = [*merged, adapter, adapter.with_name(ADAPTER_CONFIG)]
+    announce(f"merge: {len(merged)} checkpoint(s) merged into {directory / MERGED}; adapters in {adapter}")
+    return MergeResult(
+        fingerprint=fingerprint, run_directory=str(directory / MERGED), merged=True,
+        checkpoints=[str(path) for path in merged], adapter=str(adapter), files=file_record(*outputs),
+        outputs=[str(path) for path in outputs], figures={"merged_checkpoints": len(merged)},
+    )  # fmt: skip
 
 
 def before_after_fingerprint(

@@ -328,7 +328,6 @@ def full_task(
     summary = _train(params, "full", tokens, device, directory, callbacks, resume, nproc, batch)
     final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
     outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
-    outputs += adapter_files(params, directory)
     return FullResult(
         fingerprint=fingerprint,
         run_directory=str(directory),
@@ -341,20 +340,6 @@ def full_task(
             **trained_share(progress.startup),
         },
     )
-
-
-def adapter_files(params: PipelineParams, directory: Path) -> list[Path]:
-    """A LoRA fine-tune's adapters alone, unmerged, from its evaluated checkpoint (`adapter/`)."""
-    from gptcore.checkpoint.files import named_checkpoint
-    from gptcore.checkpoint.load import ADAPTER_CONFIG, checkpoint_adapter
-
-    checkpoint = named_checkpoint(directory, params.evaluate.checkpoint) or named_checkpoint(
-        directory, "final"
-    )
-    if params.finetune is None or checkpoint is None:
-        return []
-    adapter = checkpoint_adapter(checkpoint, directory / "adapter")
-    return [adapter, adapter.with_name(ADAPTER_CONFIG)] if adapter is not None else []
 
 
 def trained_share(startup: StartupRecord | None) -> dict[str, Any]:

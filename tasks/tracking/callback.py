@@ -226,7 +226,13 @@ class MLflowCallback(TrainingCallback):
 
     def _log_model(self, path: Path, kind: str) -> None:
         """The checkpoint as a logged model of this run (`self.models[kind]` its id, when the store
-        answered in time; during an outage the model is logged when the store returns)."""
+        answered in time; during an outage the model is logged when the store returns). A LoRA run's
+        checkpoints hold the adapted model: its model is logged by the merge step, merged."""
+        from gptcore.checkpoint.files import checkpoint_metadata
+        from gptcore.checkpoint.load import holds_adapters
+
+        if holds_adapters(checkpoint_metadata(path)):
+            return
         model_id = self.writer.log_model(
             self.run_id, self.experiment_id, path, kind, {"stage": self.run_name}
         )

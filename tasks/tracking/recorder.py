@@ -158,6 +158,15 @@ class PipelineRecorder:
             "run_id": callback.run_id if callback is not None else None,
         }
 
+    def log_models(self, stage: str, checkpoints: list[Path]) -> None:
+        """Checkpoints a stage wrote that training did not log (a LoRA fine-tune's merged ones) as
+        logged models of the stage's run, each named for its kind (final, best)."""
+        run_id = self.stage_run(stage)
+        if run_id is None:
+            return
+        for path in checkpoints:
+            self.writer.log_model(run_id, self.session.experiment_id, path, path.stem, {"stage": stage})
+
     def register_evaluated(
         self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float, lineage: dict | None = None
     ) -> Any:

@@ -1,0 +1,69 @@
+"""Merging a LoRA fine-tune: the one step from the trainer's adapted checkpoints to a plain model.
+
+A LoRA run's checkpoints hold the adapted model whole (frozen base and adapters) so that it resumes
+exactly; nothing else reads them. `merge_checkpoint` folds the adapters into the weights
+(W + B·A·alpha/r) and writes a plain checkpoint of the base's shape, which every reader (evaluation,
+generation, model files, export, quantization) takes like any other; `write_adapter` keeps the adapters
+alone beside it, a small file that reproduces the fine-tune on the base.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gptcore.checkpoint import files as ckpt
+from gptcore.errors import CheckpointError
+from gptcore.finetune.config import LoRAConfig
+from gptcore.finetune.lora import adapter_weights, apply_lora, merge_lora
+from gptcore.finetune.start import lora_of
+from gptcore.model.config import ModelConfig
+from gptcore.model.gpt import GPT
+
+MERGED = "merged"  # the folder, in a LoRA run's checkpoint folder, of its merged checkpoints
+ADAPTER = "adapter.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+# What a checkpoint's record says of the file it was written as: the merged one says its own.
+_WRITTEN = ("name", "file", "sha256", "bytes", "format_version", "written_at")
+
+
+def merge_checkpoint(checkpoint: Path, folder: Path) -> Path:
+    """`folder/<name>.pt`: the adapted `checkpoint`'s model with its adapters merged, a plain checkpoint
+    whose record keeps the step and losses and says what it was merged from (`merged_from`)."""
+    checkpoint = Path(checkpoint)
+    record = ckpt.checkpoint_metadata(checkpoint)
+    settings = adapters_of(checkpoint, record)
+    model = GPT(ModelConfig.model_validate(record["model_config"]))
+    apply_lora(model, settings)
+    model.load_state_dict(ckpt.load_checkpoint(checkpoint)["model"])
+    merge_lora(model)
+    config = {key: value for key, value in record.get("config", {}).items() if not key.startswith("lora.")}
+    plain = {key: value for key, value in record.items() if key not in _WRITTEN}
+    source = {"checkpoint": str(checkpoint.resolve()), "sha256": record["sha256"], **settings.model_dump()}
+    plain.update(config=config, merged_from=source)
+    path, _ = ckpt.save_checkpoint(folder, checkpoint.stem, {"model": model.state_dict()}, plain)
+    return path
+
+
+def write_adapter(checkpoint: Path, folder: Path) -> Path:
+    """The adapted `checkpoint`'s adapters alone (`adapter.safetensors`) and their settings
+    (`adapter_config.json`: r, alpha, dropout, targets, the base's weights sha256) in `folder`."""
+    from safetensors.torch import save_file
+
+    record = ckpt.checkpoint_metadata(checkpoint)
+    settings = adapters_of(Path(checkpoint), record)
+    folder.mkdir(parents=True, exist_ok=True)
+    adapter = adapter_weights(ckpt.load_checkpoint(checkpoint)["model"])
+    save_file({name: tensor.contiguous() for name, tensor in adapter.items()}, str(folder / ADAPTER))
+    described = {**settings.model_dump(), "base_weights_sha256": record["config"].get("init.weights_sha256")}
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(described, indent=2), encoding="utf-8")
+    return folder / ADAPTER
+
+
+def adapters_of(checkpoint: Path, record: dict[str, Any]) -> LoRAConfig:
+    """The LoRA settings an adapted checkpoint trained with; a CheckpointError for a plain one."""
+    settings = lora_of(record.get("config", {}))
+    if settings is None:
+        raise CheckpointError(f"{checkpoint}: a plain model's checkpoint, no LoRA adapters in it to merge")
+    return settings
