@@ -275,3 +275,29 @@ def test_the_repository_paths_modules_find_from_their_own_place_exist() -> None:
         if isinstance(node, ast.Constant) and node.value == "pyproject.toml"
     ]
     assert found == ["flows.cli.dependencies: 'pyproject.toml'"]  # parents[2] of flows/cli/: the root
+
+
+def calls_of(names: set[str]) -> dict[str, set[str]]:
+    """Which modules call each of the functions `names` (by the name they are called as)."""
+    found: dict[str, set[str]] = {name: set() for name in names}
+    for module, path in SOURCES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                called = (
+                    node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                )
+                if called in names:
+                    found[called].add(module)
+    return found
+
+
+def test_lora_is_put_on_by_one_call_and_merged_by_one_step() -> None:
+    """The LoRA variant is made where a fine-tune starts (and checked, weightless, before it does); its
+    adapters are folded into the weights by the merge step alone, never by a reader of checkpoints."""
+    calls = calls_of({"apply_lora", "merge_lora"})
+    assert calls["apply_lora"] == {
+        "gptcore.finetune.start",
+        "gptcore.finetune.lora",
+        "gptcore.checkpoint.merge",
+    }
+    assert calls["merge_lora"] == {"gptcore.checkpoint.merge"}
