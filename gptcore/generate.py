@@ -54,15 +54,26 @@ def sample(
 
 
 def choose_next(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator | None,
+    top_p: float | None = None,
 ) -> torch.Tensor:
-    """The next token of each row: the most likely at temperature 0, else sampled from the top k."""
+    """The next token of each row: the most likely at temperature 0, else sampled from the top k and
+    the smallest set of most likely tokens whose probabilities reach `top_p` (nucleus sampling)."""
     if temperature <= 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
     if top_k:
         threshold = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ranked, order = torch.sort(logits, dim=-1, descending=True)
+        probabilities = torch.softmax(ranked, dim=-1)
+        beyond = probabilities.cumsum(dim=-1) - probabilities >= top_p  # the mass before it reached top_p
+        ranked = ranked.masked_fill(beyond, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ranked)
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 

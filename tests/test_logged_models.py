@@ -106,68 +106,61 @@ def test_gptpipe_generate_takes_a_model_uri_beside_a_checkpoint_directory(
 
 
 @pytest.mark.slow
-def test_gptpipe_serve_answers_completions_and_bad_requests_and_stops_with_its_tree(trained) -> None:
-    import json
+def test_gptpipe_serve_answers_a_logged_model_by_its_uri_and_stops_on_sigterm(trained) -> None:
+    """The command a person runs: a `models:/` URI resolved in the store, its files read as data,
+    OpenAI's and MLflow's bodies answered, bad requests in one sentence, SIGTERM a clean stop."""
     import os
     import signal
     import socket
     import subprocess
     import sys
     import time
-    import urllib.error
-    import urllib.request
 
-    import psutil
+    import httpx
 
     session, callback, _ = trained
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "MLFLOW_TRACKING_URI": session.target.uri}
-    command = "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"
     model = f"models:/{callback.models['final']}"
     server = subprocess.Popen(
-        [sys.executable, "-c", command, "serve", "--model", model, "--port", str(port)],
+        [sys.executable, "-m", "flows.cli.main", "serve", "--model", model, "--port", str(port)],
         env=env,
         cwd=Path(__file__).resolve().parent.parent,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
-
-    def post(body: bytes) -> tuple[int, dict]:
-        request = urllib.request.Request(f"{url}/invocations", body, {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"{}")
-
     try:
-        assert server.stdout.readline().startswith(f"serving {model} at {url}/invocations")
-        deadline = time.monotonic() + 90
+        assert server.stdout.readline().startswith(f"serving {model} at {url}/v1")
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        good = json.dumps({"inputs": ["def main("], "params": {"max_new_tokens": 4, "temperature": 0}})
-        status, answer = post(good.encode())
-        assert status == 200 and len(answer["predictions"]) == 1
-        status, answer = post(json.dumps({"inputs": ["x"], "params": {"max_new_tokens": 5000}}).encode())
-        assert status == 400
-        assert answer["message"] == "max_new_tokens 5000: allowed from 1 to 1024 (this model's cap)"
-        assert answer["error_code"] == "INVALID_PARAMETER_VALUE"
-        status, _ = post(b"{not json")
-        assert 400 <= status < 500
-        tree = psutil.Process(server.pid).children(recursive=True)
-        assert tree  # the server runs in processes of its own
+                httpx.get(f"{url}/health", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        greedy = {"inputs": ["def main("], "params": {"max_new_tokens": 4, "temperature": 0}}
+        answer = httpx.post(f"{url}/invocations", json=greedy, timeout=60)
+        assert answer.status_code == 200 and len(answer.json()["predictions"]) == 1
+        openai = httpx.post(
+            f"{url}/v1/completions", json={"prompt": "def main(", "max_tokens": 4, "temperature": 0}
+        )
+        assert openai.json()["choices"][0]["text"] == answer.json()["predictions"][0]
+        too_many = httpx.post(
+            f"{url}/invocations", json={"inputs": ["x"], "params": {"max_new_tokens": 5000}}
+        )
+        assert too_many.status_code == 400 and too_many.json() == {
+            "error_code": "INVALID_PARAMETER_VALUE",
+            "message": "params.max_new_tokens: 5000 is not allowed: from 1 to 1024 "
+            "(this server's cap, GET /v1/models)",
+        }
     finally:
         server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
-    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        code = server.wait(timeout=30)
+    assert code == 0 and "Traceback" not in server.stderr.read()
 
 
 def test_gptpipe_export_writes_a_hugging_face_folder_from_a_checkpoint_or_a_logged_model(

@@ -1,19 +1,25 @@
 """Using a trained model: `gptpipe merge` (a LoRA fine-tune's adapters folded into its weights),
-`gptpipe serve` (a logged model behind MLflow's own model server, on loopback unless asked otherwise),
+`gptpipe serve` (many clients at once with batched decoding, OpenAI's completions API; on loopback
+unless asked otherwise, `gptcore.serving`),
 `gptpipe export` (a Hugging Face folder) and `gptpipe quantize` (the quantize stage's trade-off table
 and quantized models for any fp32 model)."""
 
 from __future__ import annotations
 
-import os
+import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from flows.cli.options import resolve_params
 from flows.cli.tracking import is_loopback
 from gptcore.errors import GptpipeError
+
+if TYPE_CHECKING:
+    from gptcore.export.model_files import ModelFiles
+    from gptcore.serving.app import CompletionServer
 
 
 def merge_command(
@@ -49,38 +55,118 @@ def serve_command(
     model: str = typer.Option(
         ...,
         "--model",
-        help="models:/gptpipe-iteration-1@champion, models:/NAME/VERSION, models:/ID or a folder",
+        help="models:/gptpipe-iteration-1@champion, models:/NAME/VERSION, models:/ID or a model folder",
     ),
     params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
     iteration: int | None = typer.Option(None, "--iteration", min=1),
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind; loopback unless you ask"),
     port: int = typer.Option(5001, "--port", min=1, max=65535),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (cuda without CUDA: refused)"),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="GPTPIPE_API_KEY",
+        show_default=False,
+        help="bearer token every request must carry; required with a --host other machines reach",
+    ),
+    max_batch: int = typer.Option(64, "--max-batch", min=1, max=1024, help="sequences decoded together"),
+    max_queue: int = typer.Option(256, "--max-queue", min=0, help="sequences waiting at most (then 429)"),
+    max_tokens: int = typer.Option(1024, "--max-tokens", min=1, help="new tokens a prompt may ask for"),
+    request_timeout: float = typer.Option(60.0, "--request-timeout", min=0.1, help="seconds (then 504)"),
+    max_prompts: int = typer.Option(32, "--max-prompts", min=1, help="prompts in one request at most"),
+    max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", min=1024, help="a body's bytes (413)"),
 ) -> None:
-    """Serve a logged model (`mlflow models serve`): POST /invocations with
-    {"inputs": ["def main("], "params": {"max_new_tokens": 40}} answers {"predictions": [...]}.
-    Ctrl-C or SIGTERM stops the server and every process it started."""
-    from gptcore.tools.processes import run_process_tree
-    from tasks.tracking.models.model_uri import locate
+    """Serve a gptpipe model to many clients at once, with batched decoding. OpenAI clients point their
+    base URL at http://HOST:PORT/v1 (POST /v1/completions, GET /v1/models); MLflow's POST /invocations
+    body works too; GET /health and GET /metrics (Prometheus). The model's weights, settings and
+    tokenizer are read as data, never as code. Ctrl-C or SIGTERM stops it."""
+    import tempfile
 
-    _, params = resolve_params(params_file, iteration, [])
-    location, target = locate(model, params.tracking)  # a store or model that is not there stops here
-    if not is_loopback(host):
-        print(
-            f"warning: --host {host}: the model server will be reachable from other machines", file=sys.stderr
+    from gptcore.errors import ConfigError
+    from gptcore.runtime.device import resolve_device
+    from gptcore.serving.config import ServeConfig
+
+    limits = ServeConfig(
+        max_batch=max_batch, max_queue=max_queue, max_tokens_cap=max_tokens, request_timeout=request_timeout,
+        max_prompts=max_prompts, max_body_bytes=max_body_bytes, api_key=api_key or None,
+    )  # fmt: skip
+    if not is_loopback(host) and not limits.api_key:
+        raise ConfigError(
+            f"--host {host}: other machines could reach the server; give --api-key KEY (or GPTPIPE_API_KEY)"
         )
-    shown = f"[{host}]" if ":" in host else host
-    print(f"serving {model} at http://{shown}:{port}/invocations  (Ctrl-C stops it)", flush=True)
-    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", location, "--env-manager", "local"]
-    command += ["-h", host, "-p", str(port)]
-    # MLflow starts uvicorn by name: this interpreter's scripts must come first on PATH.
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env["MLFLOW_TRACKING_URI"] = target.uri
+    chosen = resolve_device(device)
+    if chosen not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device}: the server runs on cpu or cuda, not {chosen}")
+    from gptcore.serving.app import CompletionServer
+    from gptcore.serving.served import load_served
+
+    with tempfile.TemporaryDirectory(prefix="gptpipe-serve-") as scratch:
+        files = _served_files(model, params_file, iteration, Path(scratch))
+        listener = _listen(host, port)
+        server = CompletionServer(lambda: load_served(files, model, chosen), limits).start()
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"serving {model} at http://{shown}:{port}/v1 (OpenAI completions; Ctrl-C stops it)", flush=True
+        )
+        _serve(server, listener)
+
+
+def _served_files(model: str, params_file: Path | None, iteration: int | None, scratch: Path) -> ModelFiles:
+    """The model files `--model` names: a local folder's, or a logged model's downloaded into `scratch`."""
+    from gptcore.serving.served import check_files, model_files_at
+    from tasks.tracking.models.model_uri import model_files_of
+
+    if Path(model).is_dir():
+        files = model_files_at(Path(model))
+    else:
+        _, params = resolve_params(params_file, iteration, [])
+        files = model_files_of(model, params.tracking, into=scratch)  # not a gptpipe model: refused here
+    check_files(files, model)
+    return files
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a port in use is one line, at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP by name: asyncio turns Nagle off only on sockets that say so, and with it on, a
+    # response's headers and body wait a delayed ACK apart (40 ms on Linux).
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        code = run_process_tree(command, lambda line: print(line, file=sys.stderr, flush=True), env=env)
-    except KeyboardInterrupt:
-        return
-    if code not in (0, -2, -15, 130, 143):
-        raise GptpipeError(f"the model server exited with status {code} (is port {port} in use? try --port)")
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise GptpipeError(
+            f"--host {host} --port {port}: cannot listen there ({error.strerror}); try --port"
+        ) from None
+    return listener
+
+
+class _Stopped(Exception):
+    """SIGTERM, raised once uvicorn has shut down (it raises the signal it stopped for again)."""
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
+def _serve(server: CompletionServer, listener: socket.socket) -> None:
+    """Answer on `listener` until Ctrl-C or SIGTERM, then stop the decode loop and return."""
+    import signal
+
+    import uvicorn
+
+    from gptcore.serving.app import create_app
+
+    config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        uvicorn.Server(config).run(sockets=[listener])
+    except (_Stopped, KeyboardInterrupt):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
 
 
 def export_command(

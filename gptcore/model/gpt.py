@@ -16,7 +16,8 @@ from torch.utils.checkpoint import checkpoint
 
 from gptcore.model.config import ModelConfig
 from gptcore.model.cross_entropy import cross_entropy
-from gptcore.model.kv_cache import KVCache, LayerCache, attention_mask
+from gptcore.model.kv_cache import KVCache, LayerCache
+from gptcore.model.slot_cache import SlotCache, SlotLayer
 
 
 class CausalSelfAttention(nn.Module):
@@ -28,17 +29,14 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | SlotLayer | None = None) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=2)
         shape = (batch, length, self.n_head, width // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         mask, causal = None, True
-        if cache is not None:
-            cached = cache.owner.length
-            k, v = cache.store(k, v)  # the keys and values of every position so far
-            mask = attention_mask(length, cached, x.device)
-            causal = cached == 0  # a prefill; later queries see the cached keys (through `mask`)
+        if cache is not None:  # the keys and values of every position so far, and who sees which
+            k, v, mask, causal = cache.attend(k, v)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
         )
@@ -65,7 +63,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | SlotLayer | None = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -133,7 +131,7 @@ class GPT(nn.Module):
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | SlotCache | None = None,
         loss_only: bool = False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits for every position with the mean cross-entropy when targets are given; else the
@@ -142,12 +140,13 @@ class GPT(nn.Module):
         (evaluation), and when training with activation checkpointing, the loss alone (None for the
         logits): one `LOSS_CHUNK_TOKENS` piece of logits at a time, never the batch's whole."""
         length = idx.shape[1]
-        start = cache.length if cache is not None else 0
         if cache is not None:
             cache.check_room(length)
+            positions = cache.positions(length, idx.device)  # each row's own, in a batch of sequences
         elif length > self.config.block_size:
             raise ValueError(f"sequence of {length} tokens exceeds block_size {self.config.block_size}")
-        positions = torch.arange(start, start + length, device=idx.device)
+        else:
+            positions = torch.arange(length, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
         recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for index, block in enumerate(self.transformer.h):

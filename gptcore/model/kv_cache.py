@@ -1,6 +1,11 @@
 """The key/value cache of sampling: each layer's keys and values of the tokens seen so far, so a new token
 costs one position's forward pass instead of the whole context's.
 
+What the model asks of a cache (this one, or `gptcore.model.slot_cache.SlotCache`, many sequences at
+their own positions): `check_room(n)`, `positions(n, device)` of the new tokens, each layer's
+`attend(keys, values)` (every key and value the new queries see, their mask, whether it is plainly
+causal) and `advance(n)` once every layer has stored the step.
+
 The cache holds at most `block_size` positions, the model's window. Positions are absolute (the `wpe`
 table), so a full cache cannot slide: the sampler starts a new one from the context's last tokens (see
 `gptcore.generate.sample`).
@@ -32,6 +37,15 @@ class LayerCache:
         self.values[:, :, start:end] = values
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def attend(
+        self, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+        """Store this step's keys and values; what its queries attend to: every key and value so far,
+        the mask, and whether it is plainly causal (a prefill; later queries see the cached keys)."""
+        cached = self.owner.length
+        keys, values = self.store(keys, values)
+        return keys, values, attention_mask(keys.shape[2] - cached, cached, keys.device), cached == 0
+
 
 class KVCache:
     """Every layer's cache and the number of positions they hold (`length`), advanced by the model once
@@ -52,6 +66,9 @@ class KVCache:
                 f"kv cache: {self.length} cached + {new_positions} new positions exceed block_size "
                 f"{self.block_size}; start a new cache from the context's last tokens"
             )
+
+    def positions(self, new_positions: int, device: torch.device) -> torch.Tensor:
+        return torch.arange(self.length, self.length + new_positions, device=device)
 
     def advance(self, new_positions: int) -> None:
         self.length += new_positions

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,15 @@ FINETUNE: dict[str, Any] = {
     **{key: value for key, value in TINY.items() if key != "tokenizer"},
     "finetune": {"name": "notes", "model": "models:/gptpipe-iteration-1@champion"},
 }
+
+
+class RunsCode:
+    """A pickle that runs a command when it is loaded: what a model's weights must never be able to do."""
+
+    def __reduce__(self) -> tuple:
+        import os
+
+        return os.system, ("touch ran-code-from-the-weights",)
 
 
 def changed(path: str, value: Any, base: dict[str, Any] = ITERATION_1) -> str:
@@ -280,6 +290,32 @@ FLAG_CASES = [
         ["servers", "--state", "afile/state"],
         "--state afile/state: cannot make the folder ([Errno 20] Not a directory",
         files={"afile": "not a folder"},
+    ),
+    Case(
+        "serve-not-a-gptpipe-model",
+        ["serve", "--model", "other"],
+        "--model other: not a gptpipe model (no model.safetensors, model_config.json, tokenizer.json",
+        files={"other/MLmodel": "flavors: {python_function: {loader_module: mlflow.sklearn}}\n"},
+    ),
+    Case(
+        "serve-weights-that-are-code",
+        ["serve", "--model", "pickled", "--port", "5973"],
+        "--model pickled: model.pt holds objects other than tensors; refused unread",
+        files={
+            "pickled/model.pt": lambda path: path.write_bytes(pickle.dumps(RunsCode())),
+            "pickled/model_config.json": json.dumps(TINY["model"]["architecture"]),
+            "pickled/tokenizer.json": "{}",
+        },
+    ),
+    Case(
+        "serve-reachable-without-a-key",
+        ["serve", "--model", "pickled", "--host", "0.0.0.0"],
+        "--host 0.0.0.0: other machines could reach the server; give --api-key KEY (or GPTPIPE_API_KEY)",
+    ),
+    Case(
+        "serve-cuda-without-cuda",
+        ["serve", "--model", "pickled", "--device", "cuda"],
+        "--device cuda: CUDA is not available",
     ),
     Case(
         "unknown-device-flag",

@@ -62,7 +62,7 @@ class GptModel(PythonModel):
     def load_context(self, context: Any) -> None:
         # Every torch call of this model runs on one thread of its own. MLflow's server loads the model on
         # its main thread and predicts on a pool thread; two threads with OpenMP teams on few cores slow
-        # each other down for good (2.5x per request on 2 cores, bench/serve_latency.py).
+        # each other down for good (2.5x per request on 2 cores, docs/benchmarks.md, Serving).
         self.torch_thread = ThreadPoolExecutor(1, thread_name_prefix="gptpipe-model")
         self.completer = self.torch_thread.submit(_load, context.artifacts).result()
 

@@ -1,0 +1,349 @@
+"""`gptpipe serve`'s HTTP side: an OpenAI-compatible completions API over the batched decode loop.
+
+`POST /v1/completions` (OpenAI's body; `stream` as server-sent events), `GET /v1/models`, `GET /health`,
+`GET /metrics` (Prometheus' text) and `POST /invocations` (MLflow's scoring body, for the clients of
+the MLflow model server). Each prompt of a request becomes a `Sequence` queued on the `Scheduler`; the
+handler waits for its events on the event loop, so thousands of waiting clients cost no thread each.
+A client that leaves, or a request past its deadline, cancels its sequences: their rows in the batch
+are free at the next step. Every refusal is OpenAI's error object with one sentence (400, 401, 404,
+413, 429 with Retry-After, 504); a failure inside is a 500 with one sentence, its traceback in the
+server's log alone. The API key, when one is set, is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from gptcore.serving.config import ServeConfig
+from gptcore.serving.decoder import BatchDecoder
+from gptcore.serving.metrics import ServerMetrics
+from gptcore.serving.requests import BadRequest, Job, completion_job, invocation_job
+from gptcore.serving.scheduler import QueueFull, Scheduler
+from gptcore.serving.sequence import Sequence
+from gptcore.serving.served import ServedModel
+
+OPEN_PATHS = ("/health", "/ping")  # answered without the API key: a load balancer's probe carries none
+ENDPOINTS = ("/v1/completions", "/v1/models", "/health", "/ping", "/metrics", "/invocations")
+POLL_SECONDS = 0.25  # how often a waiting handler asks whether its client is still there
+
+
+class CompletionServer:
+    """The served model and its decode loop; `start` loads the model on the loop's thread."""
+
+    def __init__(self, load: Callable[[], ServedModel], limits: ServeConfig) -> None:
+        self.limits = limits
+        self.served: ServedModel | None = None
+        self.metrics = ServerMetrics(lambda: self.scheduler.waiting, lambda: self.scheduler.running)
+        self.scheduler = Scheduler(lambda: self._build(load), limits.max_queue, self.metrics)
+        self.started = time.time()
+
+    def _build(self, load: Callable[[], ServedModel]) -> BatchDecoder:
+        self.served = load()
+        return BatchDecoder(self.served.model, self.limits.max_batch)
+
+    def start(self) -> CompletionServer:
+        self.scheduler.start()
+        return self
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    @property
+    def model(self) -> ServedModel:
+        assert self.served is not None, "start the server first"
+        return self.served
+
+    def sequences(self, job: Job) -> list[Sequence]:
+        """A sequence per prompt; a prompt longer than the model's window is refused by name."""
+        served, deadline = self.model, time.monotonic() + self.limits.request_timeout
+        sequences = []
+        for index, prompt in enumerate(job.prompts):
+            ids = served.encode(prompt)
+            if len(ids) > served.window:
+                where = "prompt" if len(job.prompts) == 1 else f"prompt[{index}]"
+                window = served.window
+                message = f"{where}: {len(ids)} tokens is more than this model's window of {window} tokens"
+                raise BadRequest(400, message, "prompt")
+            end = served.end_of_text if job.stop_at_end_of_text else None
+            sequences.append(Sequence(ids, job.sampling, served.tokenizer, end, deadline, stream=job.stream))
+        return sequences
+
+
+@dataclass
+class Waiting:
+    """A request's sequences, their events delivered onto the event loop as they happen."""
+
+    server: CompletionServer
+    sequences: list[Sequence]
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+    def __post_init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        for index, sequence in enumerate(self.sequences):
+            sequence.on_event = self._bridge(loop, index, sequence)
+
+    def _bridge(self, loop: asyncio.AbstractEventLoop, index: int, sequence: Sequence) -> Callable:
+        def deliver(delta: str, reason: str | None) -> None:  # on the decode thread
+            if reason is not None:
+                self.server.metrics.sequence_ended(sequence)
+            with suppress(RuntimeError):  # the event loop closed: the server is stopping
+                loop.call_soon_threadsafe(self.events.put_nowait, (index, delta, reason))
+
+        return deliver
+
+    def submit(self) -> None:
+        try:
+            self.server.scheduler.submit(self.sequences)
+        except QueueFull as error:
+            raise BadRequest(429, f"the server is busy: {error}; retry shortly") from None
+
+    async def until_done(self, request: Request) -> AsyncIterator[tuple[int, str, str | None]]:
+        """Every event up to each sequence's last (the one with its finish reason); it stops early when
+        the client leaves or the deadline passes (the sequences cancelled)."""
+        ended = 0
+        while ended < len(self.sequences):
+            event = await self.next_event(request)
+            if event is None:
+                return
+            ended += event[2] is not None
+            yield event
+
+    async def next_event(self, request: Request) -> tuple[int, str, str | None] | None:
+        """The next event; None when the client left or the deadline passed (the sequences cancelled)."""
+        deadline = self.sequences[0].deadline or float("inf")
+        while True:
+            timeout = min(POLL_SECONDS, deadline - time.monotonic())
+            if timeout <= 0:
+                return self.cancel()
+            try:
+                return await asyncio.wait_for(self.events.get(), timeout)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    return self.cancel()
+
+    def cancel(self) -> None:
+        self.server.scheduler.cancel([s for s in self.sequences if not s.finished])
+
+    def usage(self) -> dict[str, int]:
+        prompt = sum(len(s.prompt_ids) for s in self.sequences)
+        completion = sum(len(s.generated) for s in self.sequences)
+        total = prompt + completion
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error" if status < 500 else "server_error"
+    )
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def refusal(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param), status_code=status, headers=_retry(status))
+
+
+def _retry(status: int) -> dict[str, str] | None:
+    return {"Retry-After": "1"} if status == 429 else None  # a full queue drains in about a second
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 past `limit` bytes (by its length header, or as it arrives)."""
+    declared = request.headers.get("content-length")
+    too_large = f"body: more than {limit} bytes, this server's limit"
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(413, too_large)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise BadRequest(413, too_large)
+    return bytes(body)
+
+
+def create_app(server: CompletionServer) -> FastAPI:
+    """The HTTP API of a started `server`; shutting the app down stops its decode loop."""
+    limits = server.limits
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(server.stop)
+
+    app = FastAPI(title="gptpipe", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    app.add_middleware(Guard, server=server)
+
+    _answer_errors(app)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        served = server.model
+        running, waiting = server.scheduler.running, server.scheduler.waiting
+        return {"status": "ok", "model": served.name, "running": running, "waiting": waiting}
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        return Response("\n", media_type="application/json")  # MLflow's scoring server's probe
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        served = server.model
+        card = {
+            "id": served.name,
+            "object": "model",
+            "created": int(server.started),
+            "owned_by": "gptpipe",
+            "max_model_len": served.window,  # prompt tokens at most
+            "max_tokens": limits.max_tokens_cap,  # new tokens a prompt may ask for at most
+            "precision": served.method,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        job = completion_job(await read_body(request, limits.max_body_bytes), limits, server.model.name)
+        waiting = Waiting(server, server.sequences(job))
+        waiting.submit()
+        if job.stream:
+            return StreamingResponse(_stream(waiting, job, request), media_type="text/event-stream")
+        if not await _wait(waiting, request):
+            return _timed_out(waiting)
+        choices = [_choice(index, s.text, s.finish_reason) for index, s in enumerate(waiting.sequences)]
+        answer = {**_head(server, "text_completion"), "choices": choices, "usage": waiting.usage()}
+        return JSONResponse(answer)
+
+    @app.post("/invocations")
+    async def invocations(request: Request) -> Response:
+        job = invocation_job(await read_body(request, limits.max_body_bytes), limits)
+        waiting = Waiting(server, server.sequences(job))
+        waiting.submit()
+        if not await _wait(waiting, request):
+            return _timed_out(waiting)
+        return JSONResponse({"predictions": [sequence.text for sequence in waiting.sequences]})
+
+    return app
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every refusal as one sentence: OpenAI's error object, MLflow's on /invocations."""
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, error: BadRequest) -> JSONResponse:
+        if request.url.path == "/invocations":  # in MLflow's scoring server's words, for its clients
+            body = {"error_code": "INVALID_PARAMETER_VALUE", "message": error.message}
+            return JSONResponse(body, status_code=error.status, headers=_retry(error.status))
+        return refusal(error.status, error.message, error.param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        messages = {
+            404: f"{request.url.path}: no such endpoint; see GET /v1/models and POST /v1/completions",
+            405: f"{request.method} {request.url.path}: method not allowed",
+        }
+        return refusal(error.status_code, messages.get(error.status_code, str(error.detail)))
+
+    @app.exception_handler(Exception)
+    async def failure(_: Request, error: Exception) -> JSONResponse:
+        return refusal(500, f"the server failed to answer ({type(error).__name__}); see its log")
+
+
+class Guard:
+    """The key (when set) on every path but /health and /ping; every answer counted by endpoint and
+    status. Plain ASGI, not Starlette's `BaseHTTPMiddleware`: under that one a streaming handler's
+    `request.is_disconnected()` says a client left that is still reading."""
+
+    def __init__(self, app: Any, server: CompletionServer) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = {"code": 500}
+
+        async def counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        key = self.server.limits.api_key
+        try:
+            if key and scope["path"] not in OPEN_PATHS and not _authorized(Request(scope), key):
+                message = "a valid API key is required: Authorization: Bearer <key>"
+                await refusal(401, message)(scope, receive, counted)
+            else:
+                await self.app(scope, receive, counted)
+        finally:
+            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            self.server.metrics.requests.labels(endpoint, str(status["code"])).inc()
+
+
+def _authorized(request: Request, key: str) -> bool:
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+async def _wait(waiting: Waiting, request: Request) -> bool:
+    """Wait for every sequence to end; False when one did not finish (the client left, the deadline)."""
+    async for _ in waiting.until_done(request):
+        pass
+    return all(sequence.finish_reason in ("stop", "length") for sequence in waiting.sequences)
+
+
+def _unfinished(waiting: Waiting) -> tuple[int, str]:
+    """Why a request's sequences did not all finish, as a status and a sentence."""
+    if any(sequence.finish_reason == "error" for sequence in waiting.sequences):
+        return 500, "decoding failed inside the server; see its log"
+    seconds = waiting.server.limits.request_timeout
+    return 504, f"the request took longer than this server allows ({seconds:g} s); it was stopped"
+
+
+def _timed_out(waiting: Waiting) -> JSONResponse:
+    return refusal(*_unfinished(waiting))
+
+
+def _head(server: CompletionServer, kind: str) -> dict[str, Any]:
+    identity = {"id": f"cmpl-{uuid.uuid4().hex}", "object": kind, "created": int(time.time())}
+    return {**identity, "model": server.model.name}
+
+
+def _choice(index: int, text: str, reason: str | None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": None, "finish_reason": reason}
+
+
+async def _stream(waiting: Waiting, job: Job, request: Request) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per piece of text, one with each prompt's finish reason, the usage
+    when asked (`stream_options.include_usage`), then `[DONE]`. A deadline ends it with an error event."""
+    head = _head(waiting.server, "text_completion")
+    try:
+        async for index, delta, reason in waiting.until_done(request):
+            if reason in ("stop", "length") or (delta and reason is None):
+                yield _event({**head, "choices": [_choice(index, delta, reason)]})
+        if not all(s.finish_reason in ("stop", "length") for s in waiting.sequences):
+            status, message = _unfinished(waiting)
+            yield _event(error_body(message, status))
+        elif job.include_usage:
+            yield _event({**head, "choices": [], "usage": waiting.usage()})
+        yield "data: [DONE]\n\n"
+    finally:  # the client left mid-stream (the response task is cancelled): free the rows now
+        waiting.cancel()
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"

@@ -1,0 +1,152 @@
+"""The decode loop: one thread of its own runs every torch call of a server, between steps it lets
+waiting sequences join, and it drops those whose client left or whose deadline passed.
+
+Requests queue (`submit`, bounded: beyond the free rows and `max_queue` waiting sequences it refuses
+with `QueueFull`, so nobody waits without end); at each step boundary as many join as there are free
+rows, oldest first. A sequence that is cancelled or expires, waiting or running, frees its place at
+the next boundary. One thread for the model because two threads with OpenMP teams on few cores slow
+each other down for good (docs/benchmarks.md, Serving).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from gptcore.serving.decoder import BatchDecoder
+from gptcore.serving.sequence import Sequence
+
+LOG = logging.getLogger("gptpipe.serving")
+
+
+class QueueFull(Exception):
+    """More sequences wait than the queue holds: the request is refused, to be retried later."""
+
+
+class Observer(Protocol):
+    """What the loop tells a server's metrics: each step's batch and how long it took."""
+
+    def stepped(self, batch: int, seconds: float) -> None: ...
+
+
+class Scheduler:
+    """The decode loop over the decoder `build` makes, on the loop's thread (the model is loaded where
+    it will run)."""
+
+    def __init__(
+        self, build: Callable[[], BatchDecoder], max_queue: int, observer: Observer | None = None
+    ) -> None:
+        self.max_queue = max_queue
+        self.observer = observer
+        self.decoder: BatchDecoder | None = None
+        self._build = build
+        self._waiting: deque[Sequence] = deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="gptpipe-decode", daemon=True)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self.decoder.running) if self.decoder is not None else 0
+
+    def start(self) -> Scheduler:
+        """Start the loop once the decoder is built; what building it raised is raised here."""
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            raise self._failure
+        return self
+
+    def stop(self) -> None:
+        """End the loop after its step; every sequence still waiting or running ends as cancelled."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        """Queue a request's sequences, all or none."""
+        with self._wake:
+            if self._stopping:
+                raise QueueFull("the server is stopping")
+            free = self.decoder.free if self.decoder is not None else 0  # they join at the next step
+            if len(self._waiting) + len(sequences) > self.max_queue + free:
+                raise QueueFull(f"{len(self._waiting)} sequences wait already (at most {self.max_queue})")
+            self._waiting.extend(sequences)
+            self._wake.notify()
+
+    def cancel(self, sequences: list[Sequence]) -> None:
+        """Their client left: dropped at the next step boundary (running) or before they join (waiting)."""
+        for sequence in sequences:
+            sequence.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    def _run(self) -> None:
+        try:
+            self.decoder = self._build()
+        except BaseException as error:  # raised by `start`, in the caller's thread
+            self._failure = error
+        self._ready.set()
+        if self.decoder is not None:
+            self._loop(self.decoder)
+
+    def _loop(self, decoder: BatchDecoder) -> None:
+        while True:
+            with self._wake:
+                while not (self._stopping or self._waiting or decoder.running):
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                joining = [self._waiting.popleft() for _ in range(min(decoder.free, len(self._waiting)))]
+            now = time.monotonic()
+            for sequence in joining:
+                if not _gone(sequence, now):
+                    _guarded(decoder, lambda sequence=sequence: decoder.add(sequence), [sequence])
+            for sequence in list(decoder.running):
+                _gone(sequence, now)
+            decoder.drop_finished()
+            self._step(decoder)
+        for sequence in [*self._waiting, *decoder.running]:
+            sequence.finish("cancelled")
+        self._waiting.clear()
+        decoder.running.clear()
+
+    def _step(self, decoder: BatchDecoder) -> None:
+        batch = len(decoder.running)
+        if not batch:
+            return
+        started = time.perf_counter()
+        _guarded(decoder, decoder.step, list(decoder.running))
+        if self.observer is not None:
+            self.observer.stepped(batch, time.perf_counter() - started)
+
+
+def _gone(sequence: Sequence, now: float) -> bool:
+    """End a sequence whose client left or whose deadline passed; whether it ended."""
+    if sequence.cancelled or sequence.expired(now):
+        sequence.finish("cancelled" if sequence.cancelled else "deadline")
+    return sequence.finished
+
+
+def _guarded(decoder: BatchDecoder, work: Callable[[], None], sequences: list[Sequence]) -> None:
+    """Decoder work; when it fails (out of memory, a bug), its sequences end with `error` and the loop
+    goes on for the others."""
+    try:
+        work()
+    except Exception:
+        LOG.exception("decoding %d sequence(s) failed; they end with finish reason error", len(sequences))
+        for sequence in sequences:
+            sequence.finish("error")
+        decoder.drop_finished()

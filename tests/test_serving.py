@@ -1,0 +1,312 @@
+"""`gptpipe serve`, for real: a small model trained on real text, served on loopback by uvicorn, spoken to
+by OpenAI's own client and by plain HTTP. Batched decoding gives each request what it would get alone;
+limits, deadlines and clients that leave free the batch's rows; every refusal is one sentence."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sysconfig
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from gptcore.data.config import CorpusConfig, TokenizerConfig
+from gptcore.data.corpus import open_corpus
+from gptcore.data.tokenizer import train_tokenizer
+from gptcore.export.model_files import write_model_files
+from gptcore.generate import Completer, sample
+from gptcore.model.config import ModelConfig
+from gptcore.model.gpt import GPT
+from gptcore.serving.app import CompletionServer, create_app
+from gptcore.serving.config import ServeConfig
+from gptcore.serving.decoder import BatchDecoder
+from gptcore.serving.sequence import Sampling, Sequence
+from gptcore.serving.served import load_served, model_files_at
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+CONFIG = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=400)
+PROMPTS = [f"def function_{i}(value):\n    return " for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Model files as the pipeline logs them: a tokenizer trained on the json package's sources and a
+    small model (random weights, seeded: serving is about what is decoded, not how well)."""
+    folder = tmp_path_factory.mktemp("served")
+    corpus = open_corpus(CorpusConfig(source="local", paths=[str(STDLIB / "json" / "*.py")]))
+    tokenizer = train_tokenizer(corpus, TokenizerConfig(vocab_size=400), folder)
+    torch.manual_seed(0)
+    write_model_files(GPT(CONFIG), Path(tokenizer.path), folder / "model")
+    return folder / "model"
+
+
+@dataclass
+class Running:
+    url: str
+    server: CompletionServer
+
+    def running(self) -> int:
+        return httpx.get(f"{self.url}/health").json()["running"]
+
+    def wait_until_idle(self, seconds: float = 10.0) -> float:
+        started = time.monotonic()
+        while self.running() and time.monotonic() - started < seconds:
+            time.sleep(0.05)
+        return time.monotonic() - started
+
+
+@contextmanager
+def serving(folder: Path, **limits: object) -> Iterator[Running]:
+    """The server of `gptpipe serve` on a free loopback port, in this process."""
+    import uvicorn
+
+    server = CompletionServer(
+        lambda: load_served(model_files_at(folder), "tiny"), ServeConfig(**limits)
+    ).start()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.bind(("127.0.0.1", 0))
+    web = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
+    thread = threading.Thread(target=web.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    while not web.started:
+        time.sleep(0.01)
+    try:
+        yield Running(f"http://127.0.0.1:{listener.getsockname()[1]}", server)
+    finally:
+        web.should_exit = True
+        thread.join(timeout=30)
+        server.stop()
+
+
+def complete(url: str, headers: dict | None = None, **body: object) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
+
+
+# --- batched decoding -----------------------------------------------------------------------------
+
+
+def test_a_greedy_completion_is_the_same_alone_as_in_a_batch_of_32(model_folder: Path) -> None:
+    """Sequences joining a running batch at different steps, windows refilled past the model's 32
+    positions: each decodes token for token what `sample` decodes for it alone."""
+    served = load_served(model_files_at(model_folder), "tiny")
+    prompts = [served.encode(prompt)[: 1 + i] for i, prompt in enumerate(PROMPTS)]  # 1 to 32 tokens
+    alone = [sample(served.model, ids, 40, temperature=0) for ids in prompts]
+    decoder = BatchDecoder(served.model, 32)
+    sequences = [Sequence(ids, Sampling(max_tokens=40, temperature=0), served.tokenizer) for ids in prompts]
+    waiting = list(sequences)
+    while waiting or decoder.running:
+        for _ in range(min(3, decoder.free, len(waiting))):  # a few join at each step
+            decoder.add(waiting.pop(0))
+        decoder.step()
+    assert [sequence.generated for sequence in sequences] == alone
+
+
+def test_a_seeded_sample_is_the_same_whatever_is_decoded_beside_it(model_folder: Path) -> None:
+    served = load_served(model_files_at(model_folder), "tiny")
+    ids = served.encode(PROMPTS[0])
+    seeded = Sampling(max_tokens=30, temperature=1.0, top_k=40, top_p=0.9, seed=7)
+
+    def decode(beside: int) -> list[int]:
+        decoder = BatchDecoder(served.model, 8)
+        others = [Sequence(served.encode(p), Sampling(max_tokens=30, temperature=1.0), served.tokenizer)
+                  for p in PROMPTS[1 : 1 + beside]]  # fmt: skip
+        mine = Sequence(ids, seeded, served.tokenizer)
+        for sequence in [*others, mine]:
+            decoder.add(sequence)
+        while decoder.running:
+            decoder.step()
+        return mine.generated
+
+    assert decode(0) == decode(7)
+
+
+# --- the API ------------------------------------------------------------------------------------------
+
+
+def test_an_openai_client_gets_completions_models_and_streams(model_folder: Path) -> None:
+    from openai import OpenAI
+
+    with serving(model_folder, max_tokens_cap=64) as running:
+        client = OpenAI(base_url=f"{running.url}/v1", api_key="unused")
+        [card] = client.models.list().data
+        assert card.id == "tiny" and card.model_dump()["max_tokens"] == 64
+        answer = client.completions.create(model="tiny", prompt=PROMPTS[:3], max_tokens=12, temperature=0)
+        assert [choice.index for choice in answer.choices] == [0, 1, 2]
+        assert all(choice.finish_reason == "length" for choice in answer.choices)
+        assert answer.usage.completion_tokens == 36 and answer.usage.prompt_tokens > 3
+        completer = Completer.from_paths(
+            load_served(model_files_at(model_folder), "x").model, model_folder / "tokenizer.json"
+        )
+        assert answer.choices[0].text == completer.complete([PROMPTS[0]], 12, temperature=0)[0]
+
+        pieces, reasons = [], []
+        stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=0,
+                                           stream=True, stream_options={"include_usage": True})  # fmt: skip
+        for chunk in stream:
+            pieces += [choice.text for choice in chunk.choices]
+            reasons += [choice.finish_reason for choice in chunk.choices if choice.finish_reason]
+            usage = chunk.usage or None
+        assert "".join(pieces) == answer.choices[0].text and reasons == ["length"]
+        assert usage is not None and usage.completion_tokens == 12
+
+
+def test_a_stop_string_ends_the_text_before_it(model_folder: Path) -> None:
+    with serving(model_folder) as running:
+        full = complete(running.url, prompt=PROMPTS[0], max_tokens=20, temperature=0).json()["choices"][0][
+            "text"
+        ]
+        stop = full[5:8]
+        cut = complete(running.url, prompt=PROMPTS[0], max_tokens=20, temperature=0, stop=[stop]).json()
+        assert cut["choices"][0] == {"text": full[: full.index(stop)], "index": 0, "logprobs": None,
+                                     "finish_reason": "stop"}  # fmt: skip
+        body = {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0, "stop": stop, "stream": True}
+        streamed = httpx.post(f"{running.url}/v1/completions", json=body, timeout=60)
+        events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+        assert "".join(e["choices"][0]["text"] for e in events) == full[: full.index(stop)]  # nothing past it
+
+
+def test_mlflow_clients_keep_their_body_and_their_answer(model_folder: Path) -> None:
+    """The body MLflow's scoring server took, answered as the logged model answers it (same defaults)."""
+    completer = Completer.from_paths(
+        load_served(model_files_at(model_folder), "x").model, model_folder / "tokenizer.json"
+    )
+    with serving(model_folder) as running:
+        answer = httpx.post(
+            f"{running.url}/invocations", json={"inputs": PROMPTS[:2], "params": {"max_new_tokens": 8}}
+        )
+        split = {"dataframe_split": {"columns": ["prompt"], "data": [[PROMPTS[0]], [PROMPTS[1]]]},
+                 "params": {"max_new_tokens": 8}}  # fmt: skip
+        assert httpx.post(f"{running.url}/invocations", json=split).json() == answer.json()
+        wrong = httpx.post(f"{running.url}/invocations", json={"inputs": ["x"], "params": {"top_k": -1}})
+        assert httpx.get(f"{running.url}/ping").status_code == 200
+    assert answer.json() == {
+        "predictions": completer.complete(PROMPTS[:2], 8, temperature=0.8, top_k=50, seed=0)
+    }
+    assert wrong.status_code == 400 and wrong.json() == {
+        "error_code": "INVALID_PARAMETER_VALUE",
+        "message": "params.top_k: -1 is not allowed (input should be greater than or equal to 0)",
+    }
+
+
+def test_concurrent_requests_share_decode_steps_and_get_what_they_get_alone(model_folder: Path) -> None:
+    with serving(model_folder) as running:
+        alone = [complete(running.url, prompt=p, max_tokens=16, temperature=0).json() for p in PROMPTS[:16]]
+        with ThreadPoolExecutor(16) as pool:
+            greedy = pool.map(
+                lambda p: complete(running.url, prompt=p, max_tokens=16, temperature=0), PROMPTS[:16]
+            )
+            together = [answer.json() for answer in greedy]
+        metrics = httpx.get(f"{running.url}/metrics").text
+    assert [a["choices"] for a in together] == [a["choices"] for a in alone]
+    figures = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
+    steps, batched = (float(figures[f"gptpipe_decode_step_batch_size_{k}"]) for k in ("count", "sum"))
+    assert batched / steps > 1.5, "the concurrent requests were decoded together"
+    assert float(figures["gptpipe_generated_tokens_total"]) == 32 * 16
+    assert 'gptpipe_requests_total{endpoint="/v1/completions",status="200"} 32.0' in metrics
+
+
+# --- limits -----------------------------------------------------------------------------------------
+
+
+def test_requests_beyond_the_limits_are_refused_in_one_sentence(model_folder: Path) -> None:
+    with serving(model_folder, max_tokens_cap=64, max_body_bytes=2048, max_prompts=4) as running:
+        url = running.url
+        cases = [
+            (complete(url, prompt="x", max_tokens=65), 400, "max_tokens: 65 is not allowed: from 1 to 64"),
+            (
+                complete(url, prompt="word " * 40),
+                400,
+                "tokens is more than this model's window of 32 tokens",
+            ),
+            (complete(url, prompt=["a"] * 5), 400, "prompt: 5 prompts is more than one request may hold (4)"),
+            (complete(url, prompt="x", seed=2**70), 400, "seed: 1180591620717411303424 is not allowed"),
+            (complete(url, prompt="x", n=3), 400, "n: 3 is not allowed"),
+            (complete(url, prompt="x", model="gpt-4"), 404, "model: 'gpt-4' is not served here"),
+            (complete(url, prompt="x" * 3000), 413, "body: more than 2048 bytes, this server's limit"),
+            (httpx.post(f"{url}/v1/completions", content=b"{oops"), 400, "body: not JSON"),
+            (httpx.get(f"{url}/v2/anything"), 404, "/v2/anything: no such endpoint"),
+        ]
+        seeded_null = complete(url, prompt="x", max_tokens=2, seed=None)
+    for response, status, sentence in cases:
+        message = response.json()["error"]["message"]
+        assert (response.status_code, sentence in message, "\n" in message) == (status, True, False), message
+    assert seeded_null.status_code == 200  # no seed: random, as OpenAI's
+
+
+def test_a_full_queue_answers_429_with_retry_after(model_folder: Path) -> None:
+    with serving(model_folder, max_batch=1, max_queue=0, max_tokens_cap=4096) as running:
+        body = {"prompt": "x", "max_tokens": 4096, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{running.url}/v1/completions", json=body, timeout=60) as busy:
+            lines = busy.iter_lines()  # kept: a dropped iterator closes the connection
+            next(lines)  # it decodes in the one row
+            refused = complete(running.url, prompt="y", max_tokens=2)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert "the server is busy" in refused.json()["error"]["message"]
+        assert running.wait_until_idle() < 5, "the stream's client left: its row is free"
+        assert complete(running.url, prompt="y", max_tokens=2).status_code == 200
+
+
+def test_a_deadline_stops_the_request_and_frees_its_row(model_folder: Path) -> None:
+    with serving(model_folder, request_timeout=0.5, max_tokens_cap=100_000) as running:
+        started = time.monotonic()
+        late = complete(running.url, prompt="x", max_tokens=100_000, ignore_eos=True)
+        took = time.monotonic() - started
+        assert (
+            late.status_code == 504
+            and "longer than this server allows (0.5 s)" in late.json()["error"]["message"]
+        )
+        assert took < 10 and running.wait_until_idle() < 2
+
+
+def test_a_client_that_leaves_frees_its_row_at_the_next_step(model_folder: Path) -> None:
+    with serving(model_folder, max_tokens_cap=100_000) as running:
+        port = int(running.url.rsplit(":", 1)[1])
+        for stream in (True, False):
+            body = json.dumps({"prompt": "x", "max_tokens": 100_000, "stream": stream, "ignore_eos": True})
+            request = (
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}"
+            )
+            with socket.create_connection(("127.0.0.1", port)) as client:
+                client.sendall(request.encode())
+                started = time.monotonic()
+                while running.running() == 0 and time.monotonic() - started < 10:
+                    time.sleep(0.02)
+                assert running.running() == 1, "it decodes"
+            assert running.wait_until_idle() < 5, f"the row is free again (stream {stream})"
+
+
+def test_a_key_guards_everything_but_health(model_folder: Path) -> None:
+    with serving(model_folder, api_key="s3cret") as running:
+        url = running.url
+        missing = complete(url, prompt="x", max_tokens=2)
+        wrong = complete(url, {"Authorization": "Bearer nope"}, prompt="x", max_tokens=2)
+        right = complete(url, {"Authorization": "Bearer s3cret"}, prompt="x", max_tokens=2)
+        metrics = httpx.get(f"{url}/metrics")
+        health = httpx.get(f"{url}/health")
+    assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert missing.json()["error"]["message"] == "a valid API key is required: Authorization: Bearer <key>"
+    assert metrics.status_code == 401 and health.status_code == 200
+
+
+def test_a_quantized_model_is_served_in_its_own_precision(model_folder: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torchao", reason="the quant extra is not installed")
+    from gptcore.model.quantization import quantized
+
+    fp32 = load_served(model_files_at(model_folder), "tiny")
+    int8 = quantized(fp32.model, "int8-weight-only")
+    write_model_files(int8, model_folder / "tokenizer.json", tmp_path / "int8", "int8-weight-only")
+    with serving(tmp_path / "int8") as running:
+        [card] = httpx.get(f"{running.url}/v1/models").json()["data"]
+        answer = complete(running.url, prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    assert card["precision"] == "int8-weight-only" and (tmp_path / "int8" / "model.pt").is_file()
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
