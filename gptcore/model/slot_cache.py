@@ -17,8 +17,8 @@ import torch
 
 
 class SlotLayer:
-    """One layer's keys and values, `(slots, heads, block_size, head_dim)`, allocated on first use in
-    the dtype and device of the first keys stored."""
+    """One layer's keys and values, `(slots, heads, block_size, head_dim)`, allocated (zeroed) on first
+    use in the dtype and device of the first keys stored."""
 
     def __init__(self, owner: SlotCache) -> None:
         self.owner = owner
@@ -32,7 +32,9 @@ class SlotLayer:
         if self.keys is None:
             _, heads, _, head_dim = keys.shape
             shape = (self.owner.slots, heads, self.owner.block_size, head_dim)
-            self.keys, self.values = keys.new_empty(shape), values.new_empty(shape)
+            # Zeros, not empty: a row's masked positions still meet the values (weight 0 times a NaN
+            # left in uninitialized memory is NaN), so they must hold numbers.
+            self.keys, self.values = keys.new_zeros(shape), values.new_zeros(shape)
         row = self.owner.prefilling
         if row is not None:  # one sequence's context from position 0: plainly causal over its own keys
             self.keys[row, :, : keys.shape[2]] = keys[0]
