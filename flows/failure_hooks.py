@@ -51,18 +51,27 @@ def describe_failure(
     parameters: dict[str, Any], failed_task: str | None, message: str, state: str
 ) -> Failure:
     """The failure of a run with these flow parameters, its failed task run's name and state message."""
+    from tasks.tracking.store import redact
+
     params_path = parameters.get("params_path") or "params/iteration_1.yaml"
     overrides = list(parameters.get("overrides") or [])
     command = ["gptpipe", "run", "--params", str(params_path)]
-    command += [item for assignment in overrides for item in ("--set", assignment)]
+    command += [item for assignment in overrides for item in ("--set", _shown(assignment))]
     if parameters.get("until"):
         command += ["--until", str(parameters["until"])]
     stage = failed_task.rsplit("-", 1)[0] if failed_task else "before any stage"
     first = first_line(message) or state
-    reason = PREFECT_PREFIX.sub("", first)[:500]
-    return Failure(
-        stage, reason, str(_latest_checkpoint(params_path, overrides) or "none"), shlex.join(command), state
-    )
+    reason = redact(PREFECT_PREFIX.sub("", first))[:500]
+    checkpoint = str(_latest_checkpoint(params_path, overrides) or "none")
+    return Failure(stage, reason, checkpoint, redact(shlex.join(command)), state)
+
+
+def _shown(assignment: str) -> str:
+    """A `--set key=value` as the resume command may show it: a secret-named key's value as `***`."""
+    from tasks.tracking.store import secret_key
+
+    key, equals, _ = assignment.partition("=")
+    return f"{key}=***" if equals and secret_key(key) else assignment
 
 
 def _latest_checkpoint(params_path: str, overrides: list[str]) -> Path | None:

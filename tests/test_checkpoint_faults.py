@@ -252,3 +252,26 @@ def test_with_no_checkpoint_that_loads_resume_stops_and_deletes_nothing(tmp_path
     assert message.startswith(f"{tmp_path}: no intact checkpoint to resume from (nothing was deleted)")
     assert "step-00000004.pt: does not load" in message and "step-00000002.pt: does not load" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_manifest_entries_outside_the_folder_are_neither_pruned_nor_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A planted manifest: an old entry `../victim` (pruning would delete `../victim.pt`) and a newest
+    one naming an absolute path (resume would load it). Both are ignored, with a warning each."""
+    run = tmp_path / "run"
+    interrupted_run(run, stop_at=5)  # step-2 and step-4 remain
+    for suffix in (".pt", ".json"):
+        (tmp_path / f"victim{suffix}").write_bytes((run / f"step-00000002{suffix}").read_bytes())
+    manifest = json.loads((run / "manifest.json").read_text())
+    entry = manifest["checkpoints"]["step-00000002"]
+    manifest["checkpoints"]["../victim"] = {**entry, "file": "../victim.pt", "step": 1}
+    manifest["checkpoints"]["/elsewhere"] = {**entry, "file": str(tmp_path / "victim.pt"), "step": 99}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    events = StopAt()
+    with caplog.at_level(logging.WARNING):
+        train(job(run, resume=True), events)
+    assert events.start["resumed_from"].endswith("step-00000004.pt")
+    assert (tmp_path / "victim.pt").is_file() and (tmp_path / "victim.json").is_file()
+    warnings = [r.getMessage() for r in caplog.records if "names no file of this folder" in r.getMessage()]
+    assert any("'../victim'" in w for w in warnings) and any("'/elsewhere'" in w for w in warnings)

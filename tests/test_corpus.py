@@ -251,6 +251,11 @@ def test_hub_unreachable_offline_says_so_and_how_to_use_local_files(tmp_path, mo
             r"columns.parquet: no text field 'body' \(corpus.text_field\); the columns are text, id",
         ),
         (lambda p: local([str(p / "one.txt")]), DataError, r"the validation split is empty \(1 documents"),
+        (
+            lambda p: local([str(p / "deep.jsonl")]),
+            DataError,
+            r"deep.jsonl: line at byte 0: cannot read as jsonl \(nested deeper than \d+ levels\)",
+        ),
     ],
     ids=[
         "missing-path",
@@ -261,6 +266,7 @@ def test_hub_unreachable_offline_says_so_and_how_to_use_local_files(tmp_path, mo
         "bad-json",
         "parquet-without-the-column",
         "a-split-left-empty",
+        "nested-too-deep",
     ],
 )
 def test_bad_sources_are_one_line_errors_naming_what_and_where(tmp_path, make, error, message):
@@ -269,6 +275,7 @@ def test_bad_sources_are_one_line_errors_naming_what_and_where(tmp_path, make, e
     (tmp_path / "rows.jsonl").write_text('{"text": "a row"}\n', encoding="utf-8")
     (tmp_path / "broken.jsonl").write_text('{"text": "unclosed\n', encoding="utf-8")
     (tmp_path / "one.txt").write_text("a single document\n", encoding="utf-8")
+    (tmp_path / "deep.jsonl").write_text('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     pq.write_table(pa.table({"text": ["a"], "id": [1]}), tmp_path / "columns.parquet")
     with pytest.raises(error, match=message) as raised:
         corpus = open_corpus(make(tmp_path))  # the whole data side: files are read by the stages
@@ -278,6 +285,23 @@ def test_bad_sources_are_one_line_errors_naming_what_and_where(tmp_path, make, e
     assert not (tmp_path / "data" / "tokens").exists() or not any(
         path.name == "manifest.json" for path in (tmp_path / "data" / "tokens").rglob("*")
     ), "nothing published"
+
+
+@pytest.mark.parametrize("file_format", ["line", "jsonl"])
+def test_a_line_longer_than_the_limit_is_refused_unread(tmp_path, monkeypatch, file_format):
+    monkeypatch.setattr("gptcore.data.documents.MAX_LINE_BYTES", 1 << 20)
+    huge = "word " * (300 << 10)  # 1.5 MiB on one line
+    if file_format == "jsonl":
+        (tmp_path / "rows.jsonl").write_text(
+            json.dumps({"text": "short"}) + "\n" + json.dumps({"text": huge})
+        )
+        cfg = local([str(tmp_path / "rows.jsonl")])
+    else:
+        (tmp_path / "rows.txt").write_text("short\n" + huge + "\n")
+        cfg = local([str(tmp_path / "rows.txt")], document_per="line")
+    corpus = open_corpus(cfg)
+    with pytest.raises(DataError, match=r"rows\.\w+: line at byte \d+: longer than 1 MiB, the most one line"):
+        [doc for unit in corpus.units() for doc in read_documents(unit, corpus.reading)]
 
 
 @pytest.mark.parametrize("file_format", ["line", "jsonl"])

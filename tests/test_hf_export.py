@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sysconfig
 from pathlib import Path
 
@@ -94,7 +95,9 @@ def test_transformers_loads_the_export_offline_and_computes_what_we_compute(
     assert generated[0, ids.shape[1] :].tolist() == expected
 
 
-def test_an_export_never_overwrites_a_folder_that_holds_something(tmp_path: Path) -> None:
+def test_an_export_never_overwrites_a_folder_that_holds_something_and_force_only_an_earlier_export(
+    tmp_path: Path,
+) -> None:
     checkpoint, tokenizer_path, _, _ = trained_model(tmp_path, bias=True)
     model, _ = load_model(checkpoint)
     (tmp_path / "busy").mkdir()
@@ -102,8 +105,18 @@ def test_an_export_never_overwrites_a_folder_that_holds_something(tmp_path: Path
     with pytest.raises(ConfigError, match=r"--output .*busy: exists and is not empty; .* --force"):
         export_hf(model, tokenizer_path, tmp_path / "busy")
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
-    export_hf(model, tokenizer_path, tmp_path / "busy", force=True)
-    assert (tmp_path / "busy" / "config.json").is_file() and not (tmp_path / "busy" / "notes.txt").exists()
+    with pytest.raises(
+        ConfigError, match=r"busy: holds notes.txt, which no export wrote; --force replaces only"
+    ):
+        export_hf(model, tokenizer_path, tmp_path / "busy", force=True)  # not an export: --force spares it
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(ConfigError, match=r"afile: is not a folder, which no export wrote"):
+        export_hf(model, tokenizer_path, tmp_path / "afile", force=True)
+    export_hf(model, tokenizer_path, tmp_path / "earlier")
+    (tmp_path / "earlier" / "config.json").write_text("{}")
+    export_hf(model, tokenizer_path, tmp_path / "earlier", force=True)  # an earlier export: replaced
+    assert json.loads((tmp_path / "earlier" / "config.json").read_text())["n_layer"] == 2
 
 
 @pytest.mark.parametrize("point", ["weights", "config", "tokenizer"])

@@ -26,6 +26,7 @@ from tasks.results import StageResult
 from tasks.tracking import PipelineRecorder, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.callback import MLflowCallback
 from tasks.tracking.delivery.outbox import Outbox
+from tasks.tracking.delivery.report import WriterReport
 from tasks.tracking.session import run_label
 from tasks.tracking.store import TrackingError, connect, environment_tags, redact, resolve_target
 
@@ -216,6 +217,39 @@ def test_secret_environment_values_never_reach_a_record(monkeypatch: pytest.Monk
     assert redact("http://me:pw1234@host:5000/x", {}) == "http://me:***@host:5000/x"
     environ["MY_API_KEY_HOSTNAME"] = "nope"
     assert environment_tags(environ) == {"env.CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_a_url_password_is_redacted_wherever_it_stands_in_a_text() -> None:
+    """MLflow's errors name the URL they called, inside a sentence."""
+    error = (
+        "API request to http://alice:hunter22@mlflow.team.lan:5000/api/2.0/runs failed; retry https://b:x@h"
+    )
+    assert redact(error, {}) == (
+        "API request to http://alice:***@mlflow.team.lan:5000/api/2.0/runs failed; retry https://b:***@h"
+    )
+    report = WriterReport()
+    report.count(last_error=error)
+    assert "hunter22" not in report.last_error and report.last_error.startswith(
+        "API request to http://alice:***@"
+    )
+
+
+def test_a_failed_runs_tags_and_resume_command_hold_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows import failure_hooks
+
+    monkeypatch.setattr(failure_hooks, "_latest_checkpoint", lambda *args: None)
+    overrides = ["tracking.uri=http://alice:hunter22@mlflow.lan:5000", "tracking.api_key=abc123",
+                 "evaluate.max_tokens=65536"]  # fmt: skip
+    failure = failure_hooks.describe_failure(
+        {"params_path": "p.yaml", "overrides": overrides},
+        "full-123",
+        "Flow run encountered an exception: TrackingError: API request to http://alice:hunter22@mlflow.lan:5000/x",
+        "Failed",
+    )
+    shown = " ".join([*failure.tags().values(), failure.markdown()])
+    assert "hunter22" not in shown and "abc123" not in shown
+    assert "tracking.api_key=***" in failure.resume and "evaluate.max_tokens=65536" in failure.resume
+    assert failure.reason == "API request to http://alice:***@mlflow.lan:5000/x"
 
 
 # --- the training callback ---------------------------------------------------------------------------

@@ -117,10 +117,26 @@ def step_name(step: int) -> str:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
+    """The folder's manifest, its entries confined to the folder: an entry whose name or file is not a
+    plain name there (`../x`, an absolute path) is dropped with a warning, never deleted or loaded."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         return {"format_version": FORMAT_VERSION, "checkpoints": {}}
-    return _read_json(path)
+    manifest = _read_json(path)
+    entries = manifest.get("checkpoints")
+    if not isinstance(entries, dict):
+        raise CheckpointError(f"{path}: its checkpoints are not a mapping of names to entries")
+    for name, entry in list(entries.items()):
+        file = entry.get("file") if isinstance(entry, dict) else None
+        if not (_plain_name(name) and isinstance(file, str) and file == f"{name}.pt"):
+            log.warning("warning: %s: entry %r names no file of this folder (%r); ignored", path, name, file)
+            del entries[name]
+    return manifest
+
+
+def _plain_name(name: object) -> bool:
+    """A file name of the folder itself: no separator, not `.` or `..`, not hidden."""
+    return isinstance(name, str) and bool(name) and Path(name).name == name and not name.startswith(".")
 
 
 def save_checkpoint(

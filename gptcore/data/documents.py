@@ -21,6 +21,7 @@ from gptcore.errors import DataError
 
 SPLITS = ("train", "validation", "test")
 UNIT_BYTES = 4 << 20  # a unit's source bytes: many per worker even for a small corpus, little to hold
+MAX_LINE_BYTES = 64 << 20  # one line of a line-per-document corpus: a long book, not a whole file
 
 
 @dataclass(frozen=True)
@@ -154,11 +155,22 @@ def _lines(segment: Segment) -> Iterator[tuple[int, bytes]]:
             handle.seek(offset - 1)
             offset += len(handle.readline()) - 1  # the rest of the line that started before the cut
         while offset < segment.stop:
-            line = handle.readline()
+            line = handle.readline(MAX_LINE_BYTES + 1)  # never a whole huge line in memory
             if not line:
                 return
+            if len(line) > MAX_LINE_BYTES:
+                raise DataError(
+                    f"{segment.path}: line at byte {offset}: longer than {MAX_LINE_BYTES // 2**20} MiB, "
+                    "the most one line (one document) may hold; split it"
+                )
             yield offset, line
             offset += len(line)
+
+
+def _depth_limit() -> int:
+    import sys
+
+    return sys.getrecursionlimit()
 
 
 def _json_lines(segment: Segment, field: str) -> Iterator[Document]:
@@ -171,6 +183,10 @@ def _json_lines(segment: Segment, field: str) -> Iterator[Document]:
             row = json.loads(text)
         except json.JSONDecodeError as error:
             raise DataError(f"{where}: cannot read as jsonl ({error.msg} at column {error.colno})") from None
+        except RecursionError:  # the parser's depth is the interpreter's recursion limit
+            raise DataError(
+                f"{where}: cannot read as jsonl (nested deeper than {_depth_limit()} levels)"
+            ) from None
         if not isinstance(row, dict):
             raise DataError(f"{where}: cannot read as jsonl (a {type(row).__name__}, not an object)")
         value = row.get(field)

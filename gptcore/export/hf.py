@@ -92,8 +92,7 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
     from safetensors.torch import save_file
 
     output = Path(output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not force:
-        raise ConfigError(f"--output {output}: exists and is not empty; choose another folder or add --force")
+    _check_output(output, force)
     check_tokenizer(tokenizer_path, model.config.vocab_size)  # loadable, and fits the model
     eot_id, eot = end_of_text_of(tokenizer_path)
     weights = gpt2_state_dict(model)
@@ -119,6 +118,34 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
         )
         publish_directory(folder, output)
     return output
+
+
+# What an export writes: `--force` replaces a folder holding these alone (an earlier export), nothing else.
+EXPORT_FILES = frozenset(
+    {"model.safetensors", "config.json", "tokenizer.json", "special_tokens_map.json", "tokenizer_config.json",
+     "generation_config.json"}
+)  # fmt: skip
+
+
+def _check_output(output: Path, force: bool) -> None:
+    """An output folder that is absent or empty; with `force`, also one an earlier export wrote."""
+    if not output.exists() and not output.is_symlink():
+        return
+    folder = output.is_dir() and not output.is_symlink()
+    if folder and not any(output.iterdir()):
+        return
+    if not force:
+        raise ConfigError(f"--output {output}: exists and is not empty; choose another folder or add --force")
+    others = (
+        sorted(p.name for p in output.iterdir() if p.name not in EXPORT_FILES or not p.is_file())
+        if folder
+        else []
+    )
+    if not folder or others:
+        what = f"holds {', '.join(others[:3])}" if folder else "is not a folder"
+        raise ConfigError(
+            f"--output {output}: {what}, which no export wrote; --force replaces only an earlier export"
+        )
 
 
 def _json(path: Path, value: dict[str, Any]) -> None:

@@ -17,7 +17,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from filelock import FileLock
 
@@ -214,22 +213,40 @@ def secret_values(environ: dict[str, str] | None = None) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
-def _strip_url_password(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.password is None:
-        return text
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+# A URL's `user:password@` anywhere in a text (an error message names the URL it called): the password
+# goes, the user stays so the reader knows which account.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/:@]+):[^\s/@]*@")
 
 
 def redact(value: Any, environ: dict[str, str] | None = None) -> str:
-    """`value` as text with every secret environment value and URL password replaced by `***`."""
+    """`value` as text with every secret environment value and URL password replaced by `***`,
+    wherever in the text they stand."""
     text = str(value)
     for secret in secret_values(environ):
         text = text.replace(secret, "***")
-    if "://" in text and "@" in text:
-        text = _strip_url_password(text)
-    return text
+    return _URL_PASSWORD.sub(lambda match: f"{match['head']}:***@", text)
+
+
+def redact_data(value: Any) -> Any:
+    """Every string in a JSON-like value redacted (`redact`), its shape kept."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: redact_data(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_data(item) for item in value]
+    return value
+
+
+# The words of a parameter's key that say it holds a secret (`api_key`, `hub_token`), whole words only:
+# `max_tokens` and `keep_last` are counts.
+_SECRET_WORDS = {"token", "key", "apikey", "secret", "password", "passwd", "credential", "credentials"}
+
+
+def secret_key(key: str) -> bool:
+    """Whether a parameter's key (`tracking.api_key`) says its value is a secret."""
+    words = key.rsplit(".", 1)[-1].lower().replace("-", "_").split("_")
+    return bool(_SECRET_WORDS.intersection(words)) or "auth_string" in key.lower()
 
 
 def environment_tags(environ: dict[str, str] | None = None) -> dict[str, str]:

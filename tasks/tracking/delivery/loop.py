@@ -227,7 +227,7 @@ class DeliveryLoop:
 
     def _begin_outage(self, reason: str) -> None:
         """The store is away (lock held): callers waiting for answers get None now, not minutes later."""
-        self.report.last_error = reason
+        self.report.count(last_error=reason)
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             self.report.outages += 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tasks.tracking.store import redact
+
 
 @dataclass
 class WriterReport:
@@ -31,7 +33,7 @@ class WriterReport:
         for name, amount in increments.items():
             setattr(self, name, getattr(self, name) + amount)
         if last_error is not None:
-            self.last_error = last_error
+            self.last_error = redact(last_error)  # MLflow's errors name the URL they called
 
     def warning(self, what: str) -> str | None:
         """The one line to print at the end about `what` (a run) when anything went wrong."""

@@ -38,7 +38,7 @@ from tasks.tracking.delivery.operations import (
 from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.delivery.queue import Item
 from tasks.tracking.delivery.report import WriterReport
-from tasks.tracking.store import redact
+from tasks.tracking.store import redact, redact_data
 
 OUTBOX_DIRECTORY = Path("mlruns") / "outbox"  # relative to the working directory, like the local store
 MEMORY_RECORDS = 10_000  # records held in memory during an outage before the oldest go to the outbox
@@ -124,7 +124,7 @@ class RunWriter:
             )
 
     def log_dict(self, run: str, data: dict[str, Any], file: str) -> None:
-        plain = json.loads(json.dumps(data, default=str))
+        plain = redact_data(json.loads(json.dumps(data, default=str)))
         self._put({"op": "log_dict", "run": run, "data": plain, "file": file})
 
     def log_text(self, run: str, text: str, file: str) -> None:
