@@ -275,3 +275,25 @@ def test_manifest_entries_outside_the_folder_are_neither_pruned_nor_loaded(
     assert (tmp_path / "victim.pt").is_file() and (tmp_path / "victim.json").is_file()
     warnings = [r.getMessage() for r in caplog.records if "names no file of this folder" in r.getMessage()]
     assert any("'../victim'" in w for w in warnings) and any("'/elsewhere'" in w for w in warnings)
+
+
+def test_a_best_checkpoint_cut_short_between_its_two_files_is_passed_over_for_final(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kill after `best.pt` was renamed into place and before `best.json` was: the pair disagrees.
+    Evaluation takes the newest whole checkpoint and says so, instead of failing on every retry."""
+    from tasks.params.loading import PARAMS_DIR, load_params
+    from tasks.results import CheckpointsResult
+    from tasks.stages.evaluate import evaluated_checkpoint
+
+    for name, step in (("best", 4), ("final", 6)):
+        ckpt.save_checkpoint(
+            tmp_path, name, {"model": {"w": torch.ones(2) * step}}, {"kind": name, "step": step}
+        )
+    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "best.pt")  # the newer best, its record not yet
+    params = load_params(PARAMS_DIR / "iteration_1.yaml", [])
+    assert params.evaluate.checkpoint == "best"
+    chosen = evaluated_checkpoint(params, CheckpointsResult(run_directory=str(tmp_path)))
+    assert chosen == tmp_path / "final.pt"
+    said = capsys.readouterr().err
+    assert "best.pt: checkpoint is corrupted (content sha256 differs from its record); evaluating" in said

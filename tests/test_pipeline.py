@@ -208,6 +208,42 @@ def test_until_stops_after_the_named_stage(tmp_path: Path, prefect_env: dict[str
     }
 
 
+class RunsCode:
+    """Unpickled, it leaves a file: proof that a cached record ran code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return Path.touch, (self.marker,)
+
+
+def test_a_cached_result_gptpipe_did_not_write_as_json_is_set_aside_unread(
+    tmp_path: Path, prefect_env: dict[str, str]
+) -> None:
+    """Records are plain JSON; a planted pickle (Prefect reads a record with the serializer the record
+    names) never runs: it is moved aside and the stage runs again."""
+    import base64
+    import pickle
+
+    write_corpus(tmp_path, seed=2)
+    params = str(write_params(tmp_path))
+    gptpipe(prefect_env, "--params", params, "--until", "tokenizer")
+    [record] = Path(prefect_env["PREFECT_RESULTS_LOCAL_STORAGE_PATH"]).glob("tokenizer-*")
+    written = json.loads(record.read_text())
+    assert written["metadata"]["serializer"]["type"] == "gptpipe-stage-json"
+    assert json.loads(written["result"])["fingerprint"] == record.name.removeprefix("tokenizer-")
+    marker = tmp_path / "ran-code-from-the-cache"
+    planted = {**written, "metadata": {**written["metadata"], "serializer": {"type": "pickle"}}}
+    planted["result"] = base64.encodebytes(pickle.dumps(RunsCode(marker))).decode()
+    record.write_text(json.dumps(planted))
+    again = gptpipe(prefect_env, "--params", params, "--until", "tokenizer")
+    assert not marker.exists()
+    assert states(again)["tokenizer"] == "completed", "it ran again instead of trusting the record"
+    assert "a cached result not written as gptpipe's plain JSON; set aside" in again.stderr
+    assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "gptpipe-stage-json"
+
+
 @pytest.mark.slow
 def test_a_smoke_that_diverges_on_validation_stops_the_pipeline_before_full_training(
     tmp_path: Path, prefect_env: dict[str, str]

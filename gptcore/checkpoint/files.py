@@ -316,6 +316,21 @@ def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
         raise CheckpointError(f"{path}: checkpoint cannot be loaded ({type(error).__name__})") from None
 
 
+def damage(path: Path) -> str | None:
+    """Why a checkpoint would not load (no record, another format, content that differs from its
+    recorded sha256: a write cut short between its two files); None when it is whole. It hashes the
+    file, but loads no tensor."""
+    try:
+        record = checkpoint_metadata(path)
+        if not Path(path).is_file():
+            return f"{path}: checkpoint not found"
+        if record.get("sha256") != sha256_file(path):
+            return f"{path}: checkpoint is corrupted (content sha256 differs from its record)"
+    except CheckpointError as error:
+        return str(error)
+    return None
+
+
 def config_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Keys whose values differ (or exist on one side only), as `key: stored -> current`."""
     keys = sorted(set(stored) | set(current))

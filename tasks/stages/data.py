@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
-
 from gptcore.data.build import TokenFolderManifest, build_token_files, token_files_fingerprint
 from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.corpus import Corpus, open_corpus
 from gptcore.data.tokenizer import TokenizerManifest, tokenizer_fingerprint, train_tokenizer
-from tasks.caching import fingerprint_key
+from tasks.caching import stage_task
 from tasks.results import TokenizerResult, TokensResult, file_record
 
 # The corpus opened once per process: hashing its files is the costly part, and the fingerprint the
@@ -46,7 +44,7 @@ def tokens_stage_fingerprint(tokenizer: TokenizerResult, data: DataConfig) -> st
     return token_files_fingerprint(manifest.corpus_fingerprint, manifest, data)
 
 
-@task(name="tokenizer", cache_key_fn=fingerprint_key("tokenizer"), persist_result=True)
+@stage_task("tokenizer")
 def tokenizer_task(
     fingerprint: str, corpus: CorpusConfig, tokenizer: TokenizerConfig, data_root: str, corpus_fp: str
 ) -> TokenizerResult:
@@ -69,7 +67,7 @@ def tokenizer_task(
     )
 
 
-@task(name="tokens", cache_key_fn=fingerprint_key("tokens"), persist_result=True)
+@stage_task("tokens")
 def tokens_task(
     fingerprint: str,
     corpus: CorpusConfig,

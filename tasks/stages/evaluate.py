@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
-
 from gptcore.errors import CheckpointError
 from gptcore.tools.atomic import write_json_atomic, write_text_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
-from tasks.caching import fingerprint_key
+from tasks.caching import stage_task
 from tasks.params.schema import PipelineParams
 from tasks.results import CheckpointsResult, EvaluateResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
@@ -29,15 +27,27 @@ _FIGURES = (
 
 
 def evaluated_checkpoint(params: PipelineParams, full: CheckpointsResult) -> Path:
-    """The checkpoint `evaluate.checkpoint` names in the trained (or merged) folder (best, else final)."""
-    from gptcore.checkpoint.files import named_checkpoint
+    """The checkpoint `evaluate.checkpoint` names in the trained (or merged) folder (best, else final);
+    one that is damaged (a write cut short between its two files) is passed over for the newest whole
+    one, with a line saying so, so a retry never fails on it forever."""
+    from gptcore.checkpoint.files import damage, named_checkpoint, resume_candidates
 
     directory = Path(full.run_directory)
-    for name in dict.fromkeys((params.evaluate.checkpoint, "final")):
-        path = named_checkpoint(directory, name)
-        if path is not None:
+    named = [
+        named_checkpoint(directory, name) for name in dict.fromkeys((params.evaluate.checkpoint, "final"))
+    ]
+    candidates = [path for path in dict.fromkeys([*named, *resume_candidates(directory)]) if path is not None]
+    if not candidates:
+        raise CheckpointError(f"{directory}: no {params.evaluate.checkpoint} or final checkpoint to evaluate")
+    problems = []
+    for path in candidates:
+        problem = damage(path)
+        if problem is None:
+            if problems:
+                announce(f"evaluate: {'; '.join(problems)}; evaluating {path.name} instead")
             return path
-    raise CheckpointError(f"{directory}: no {params.evaluate.checkpoint} or final checkpoint to evaluate")
+        problems.append(problem)
+    raise CheckpointError(f"{directory}: no whole checkpoint to evaluate: {'; '.join(problems)}")
 
 
 def checkpoint_digest(full: CheckpointsResult, checkpoint: Path) -> str:
@@ -73,7 +83,7 @@ def evaluate_fingerprint(params: PipelineParams, tokens: TokensResult, digest: s
     )
 
 
-@task(name="evaluate", cache_key_fn=fingerprint_key("evaluate"), persist_result=True)
+@stage_task("evaluate")
 def evaluate_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str
 ) -> EvaluateResult:

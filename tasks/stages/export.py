@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
-
 from gptcore.tools.fingerprint import code_version_of, fingerprint
-from tasks.caching import fingerprint_key
+from tasks.caching import stage_task
 from tasks.params.schema import PipelineParams
 from tasks.results import ExportResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
@@ -21,7 +19,7 @@ def export_fingerprint(digest: str) -> str:
     return fingerprint("export-hf", digest, code_version_of(gptcore.export.hf, gptcore.model.gpt))
 
 
-@task(name="export", cache_key_fn=fingerprint_key("export"), persist_result=True)
+@stage_task("export")
 def export_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str
 ) -> ExportResult:

@@ -15,12 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-
 from gptcore.errors import ConfigError
 from gptcore.tools.atomic import publish_directory, staging_directory, write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
-from tasks.caching import fingerprint_key
+from tasks.caching import stage_task
 from tasks.params.schema import FinetuneConfig, PipelineParams
 from tasks.results import BaseResult, BeforeAfterResult, FullResult, MergeResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
@@ -162,7 +160,7 @@ def merge_fingerprint(params: PipelineParams, full: FullResult) -> str:
     return fingerprint("merge", full.files, tune.method, params.evaluate.checkpoint, code)
 
 
-@task(name="merge", cache_key_fn=fingerprint_key("merge"), persist_result=True)
+@stage_task("merge")
 def merge_task(fingerprint: str, params: PipelineParams, full: FullResult) -> MergeResult:
     """The fine-tune's checkpoints as plain models: a LoRA run's final and best merged into
     `<run>/merged`, and the evaluated one's adapters alone in `<run>/adapter`; a full fine-tune's
@@ -209,7 +207,7 @@ def before_after_fingerprint(
     )
 
 
-@task(name="before-after", cache_key_fn=fingerprint_key("before-after"), persist_result=True)
+@stage_task("before-after")
 def before_after_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str,
     base: BaseResult,

@@ -7,10 +7,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from prefect import task
-
 from gptcore.tools.fingerprint import code_version_of, fingerprint
-from tasks.caching import fingerprint_key
+from tasks.caching import stage_task
 from tasks.params.schema import PipelineParams
 from tasks.results import QuantizeResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
@@ -44,7 +42,7 @@ def quantize_fingerprint(params: PipelineParams, tokens: TokensResult, digest: s
     )
 
 
-@task(name="quantize", cache_key_fn=fingerprint_key("quantize"), persist_result=True)
+@stage_task("quantize")
 def quantize_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str
 ) -> QuantizeResult:

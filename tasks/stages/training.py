@@ -14,8 +14,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-
 from gptcore.data.batches import examples_in
 from gptcore.errors import TrainingError
 from gptcore.runtime.batch_size import BatchChoice
@@ -24,7 +22,7 @@ from gptcore.tools.fingerprint import code_version_of, fingerprint
 from gptcore.train.config import TrainingConfig
 from gptcore.train.estimate import RunPlan, estimate_run
 from gptcore.train.records import StartupRecord, SummaryRecord
-from tasks.caching import fingerprint_key
+from tasks.caching import stage_task
 from tasks.params.jobs import full_world_size
 from tasks.params.schema import PipelineParams, TrainingStage
 from tasks.prefect_progress import PrefectProgress
@@ -205,7 +203,7 @@ def _logger() -> Any:
         return logging.getLogger("gptpipe.training")
 
 
-@task(name="smoke", cache_key_fn=fingerprint_key("smoke"), persist_result=True)
+@stage_task("smoke")
 def smoke_task(
     fingerprint: str, params: PipelineParams, tokens: TokensResult, device: DeviceResult, run_context: dict
 ) -> SmokeResult:
@@ -303,7 +301,7 @@ def announce_smoke(figures: dict[str, Any]) -> None:
     )
 
 
-@task(name="full", cache_key_fn=fingerprint_key("full"), persist_result=True)
+@stage_task("full")
 def full_task(
     fingerprint: str,
     params: PipelineParams,

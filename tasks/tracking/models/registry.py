@@ -167,22 +167,69 @@ def _decide(
     otherwise: str,
     figure: str = "test_bits_per_byte",
 ) -> tuple[str, float | None]:
-    """Move `champion` to `version` when it may win and its bits per byte beat the champion's (or there
-    is none), else give it the alias `otherwise`; the decision and both figures become its tags."""
-    champion = _champion(client, name)
-    best = float(champion.tags["test_bits_per_byte"]) if champion is not None else None
-    same = champion is not None and str(champion.version) == str(version.version)
-    wins = may_win and (champion is None or same or bits < best)
+    """Move `champion` to the best version that may hold it, this one included when `may_win`, else give
+    this one the alias `otherwise`; the decision and both figures become its tags. Safe when other
+    processes register at the same moment (two sweep trials, two pipelines, on one store or many
+    machines): see `settle_champion`."""
+    before = _champion(client, name)
+    best = float(before.tags["test_bits_per_byte"]) if before is not None else None
+    client.set_model_version_tag(name, version.version, figure, str(bits))  # what it competes with
+    client.set_model_version_tag(name, version.version, MAY_HOLD, str(may_win).lower())
+    champion = settle_champion(client, name)
+    wins = champion is not None and str(champion) == str(version.version)
     alias = CHAMPION if wins else otherwise
-    client.set_registered_model_alias(name, alias, version.version)
-    decision = {
-        "decision": alias,
-        figure: str(bits),
-        "champion_test_bits_per_byte": str(best) if best is not None else "none",
-    }
+    if not wins:
+        client.set_registered_model_alias(name, alias, version.version)
+    decision = {"decision": alias, "champion_test_bits_per_byte": str(best) if best is not None else "none"}
     for key, value in decision.items():
         client.set_model_version_tag(name, version.version, key, value)
     return alias, best
+
+
+MAY_HOLD = "may_hold_champion"  # a version's tag: whether it competes for `champion` (quantized: if asked)
+SETTLE_ROUNDS = 20
+
+
+def settle_champion(client: Any, name: str) -> str | None:
+    """Point `champion` at the version with the lowest test bits per byte among those that may hold it,
+    then read back and repeat until what is read is what it set: a registration that read the versions
+    before another's better version existed (a race) sets a stale alias, and whoever reads after it puts
+    it right, so the last one to finish leaves the best. No lock needed; the store is the truth. The
+    version it settled on (None: none competes)."""
+    for _ in range(SETTLE_ROUNDS):
+        best = _best_version(client, name)
+        current = _champion(client, name)
+        if best is None:
+            return str(current.version) if current is not None else None
+        if current is not None and (
+            str(current.version) == str(best.version) or _figure(current) == _figure(best)
+        ):
+            return str(current.version)
+        client.set_registered_model_alias(name, CHAMPION, best.version)
+    return str(best.version)
+
+
+def _best_version(client: Any, name: str) -> Any:
+    """The competing version with the lowest test bits per byte (the oldest among equals)."""
+    competing = [
+        version
+        for version in client.search_model_versions(f"name = '{name}'")
+        if _figure(version) is not None and _competes(version)
+    ]
+    return min(competing, key=lambda v: (_figure(v), int(v.version)), default=None)
+
+
+def _competes(version: Any) -> bool:
+    """A version's right to `champion`: its tag, else (registered before the tag) not quantized."""
+    tags = version.tags
+    return tags[MAY_HOLD] == "true" if MAY_HOLD in tags else "quantization" not in tags
+
+
+def _figure(version: Any) -> float | None:
+    try:
+        return float(version.tags["test_bits_per_byte"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _link_version(client: Any, model: Any, name: str, version: str) -> None:
