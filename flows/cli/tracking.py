@@ -224,13 +224,14 @@ def _compare_in_a_flow(
 def replay_command(
     outbox: Path = typer.Argument(..., help="an outbox file, as a run's warning named it"),
     tracking_uri: str | None = typer.Option(
-        None, "--tracking-uri", help="the store to send to (default: MLFLOW_TRACKING_URI, else the outbox's)"
+        None, "--tracking-uri", help="the store to send to (default: the one the outbox was written for)"
     ),
 ) -> None:
-    """Send the tracking records a run left in an outbox (its store was away) to the store, in order."""
+    """Send the tracking records a run left in an outbox (its store was away) to the store it was written
+    for, in order, each once; what the store refuses stays in the file, listed (exit 1)."""
 
     from tasks.tracking.delivery.outbox import Outbox
-    from tasks.tracking.delivery.writer import RunWriter
+    from tasks.tracking.delivery.replay import replay
     from tasks.tracking.store import TrackingError, connect, redact, resolve_target
 
     if not outbox.exists():
@@ -238,23 +239,61 @@ def replay_command(
     if outbox.is_dir():
         raise ConfigError(f"{outbox}: is a folder; pass one outbox file (*.jsonl) in it")
     box = Outbox.open(outbox)
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or box.tracking_uri
-    if not uri or "***" in uri:
-        raise ConfigError(f"{outbox}: its store is not recorded in full; pass --tracking-uri")
-    os.environ["MLFLOW_TRACKING_URI"] = uri  # resolve_target's first choice: this store, nothing else
+    os.environ["MLFLOW_TRACKING_URI"] = _replay_store(box, tracking_uri)  # resolve_target's first choice
     target = resolve_target()
-    report = RunWriter.replay(connect(target), box, name="mlflow-replay")
+    client = connect(target)
+    _check_experiments(client, box, redact(target.uri))
+    report = replay(client, box)
     shown = redact(target.uri)
     skipped = f"; {report.skipped_records} skipped ({report.last_error})" if report.skipped_records else ""
     print(f"sent {report.delivered_late} records ({report.sent_metrics} metric values) to {shown}{skipped}")
-    if report.given_up_calls or report.dropped_metrics:
-        print(
-            f"warning: the store refused {report.given_up_calls} records and {report.dropped_metrics} metric "
-            f"values ({report.last_error})",
-            file=sys.stderr,
+    if report.given_up_calls:
+        raise TrackingError(
+            f"{outbox}: {report.last_error}; those records are kept in it, with "
+            f"{report.waiting_records} in all: fix what the store refused, then run this again"
         )
     if report.waiting_records:
         raise TrackingError(
             f"{outbox}: {report.waiting_records} records still wait ({report.last_error}); run this again "
             "once the store answers"
         )
+
+
+def _replay_store(box: Any, given: str | None) -> str:
+    """The store a replay sends to: `--tracking-uri`, else the one the outbox was written for.
+    MLFLOW_TRACKING_URI never silently replaces it (experiment ids are the store's own)."""
+    from tasks.tracking.store import redact
+
+    recorded = box.tracking_uri
+    if given:
+        return given
+    environment = os.environ.get("MLFLOW_TRACKING_URI")
+    if recorded and "***" not in recorded:
+        if environment and environment != recorded:
+            note = f"MLFLOW_TRACKING_URI {redact(environment)} (--tracking-uri chooses)"
+            print(
+                f"note: replaying into {recorded}, the store the outbox was written for, not {note}",
+                file=sys.stderr,
+            )
+        return recorded
+    if recorded and environment and redact(environment) == recorded:
+        return environment  # the recorded store, its password from the environment
+    raise ConfigError(
+        f"{box.path}: the store it was written for is not recorded in full ({recorded or 'none'}); "
+        "pass --tracking-uri"
+    )
+
+
+def _check_experiments(client: Any, box: Any, shown: str) -> None:
+    """Every experiment the outbox creates runs in must be live in the store: else nothing is sent."""
+    wanted = {str(r["experiment_id"]) for r in box.remaining() if r.get("op") in ("create_run", "log_model")}
+    for experiment_id in sorted(wanted):
+        try:
+            experiment = client.get_experiment(experiment_id)
+        except Exception:  # MLflow names a missing experiment in many kinds
+            experiment = None
+        if experiment is None or experiment.lifecycle_stage != "active":
+            raise ConfigError(
+                f"{box.path}: its runs belong to experiment {experiment_id}, which {shown} does not hold "
+                "(deleted, or another store); nothing was sent"
+            )

@@ -1,6 +1,8 @@
 """The outbox: a JSONL file of tracking records that wait for a store that is away.
 
-Line 1 is a header (`{"gptpipe_outbox": 1, "tracking_uri": ...}`); every later line is one record of
+Line 1 is a header (`{"gptpipe_outbox": 1, "tracking_uri": ..., "generation": ...}`: a new generation
+at every rewrite, so a replay's saved progress is never read against another file); every later line is
+one record of
 `tasks.tracking.delivery.operations`, oldest first. A `RunWriter` appends its oldest records here when
 its memory bound is reached during an outage, reads them back first when the store returns, and at the
 end of a run whose store never returned leaves every undelivered record here for `gptpipe tracking replay`.
@@ -12,9 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+from filelock import FileLock, Timeout
 
 from gptcore.errors import GptpipeError
 from gptcore.tools.atomic import write_atomic
@@ -32,11 +38,37 @@ class OutboxError(GptpipeError):
 class Outbox:
     """One outbox file and how far its records have been delivered (`offset`, `waiting`)."""
 
-    def __init__(self, path: Path, tracking_uri: str = "") -> None:
+    def __init__(self, path: Path, tracking_uri: str = "", generation: str = "") -> None:
         self.path = Path(path)
         self.tracking_uri = tracking_uri
+        self.generation = generation or uuid.uuid4().hex
         self.offset = 0  # where the first undelivered record starts (after the header)
         self.waiting = 0  # records from `offset` on
+        self._lock = FileLock(str(self.path) + ".lock")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """The outbox to oneself while the block runs; an OutboxError when a replay or the run writing it
+        holds it."""
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise OutboxError(
+                f"{self.path}: in use by another replay or by the run still writing it; try again later"
+            ) from None
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def hold(self) -> None:
+        """The writing run's claim on its outbox, from its first record to `release`."""
+        if not self._lock.is_locked:
+            self._lock.acquire(timeout=0)
+
+    def release(self) -> None:
+        while self._lock.is_locked:
+            self._lock.release()
 
     @classmethod
     def open(cls, path: Path) -> Outbox:
@@ -45,7 +77,7 @@ class Outbox:
         try:
             with path.open("rb") as handle:
                 header = _header(path, handle.readline())
-                outbox = cls(path, header.get("tracking_uri", ""))
+                outbox = cls(path, header.get("tracking_uri", ""), str(header.get("generation") or "none"))
                 outbox.offset = handle.tell()
                 outbox.waiting = sum(1 for line in handle if line.strip())
         except OSError as error:
@@ -59,6 +91,7 @@ class Outbox:
             return 0
         fresh = not self.path.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.hold()
         with self.path.open("a", encoding="utf-8") as handle:
             if fresh:
                 handle.write(self._header_line())
@@ -109,6 +142,7 @@ class Outbox:
     def rewrite(self, records: Iterable[dict[str, Any]]) -> int:
         """Replace the file by `records` (written whole, then renamed over it); returns how many."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.generation = uuid.uuid4().hex  # another file from now on, for a saved replay progress
         header = self._header_line().encode("utf-8")
         count = 0
 
@@ -126,7 +160,8 @@ class Outbox:
         return count
 
     def _header_line(self) -> str:
-        return json.dumps({"gptpipe_outbox": FORMAT, "tracking_uri": self.tracking_uri}) + "\n"
+        header = {"gptpipe_outbox": FORMAT, "tracking_uri": self.tracking_uri, "generation": self.generation}
+        return json.dumps(header) + "\n"
 
 
 def _header(path: Path, line: bytes) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 from tasks.tracking.delivery.operations import METRICS_PER_CALL, dumps
 from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.delivery.report import WriterReport
+from tasks.tracking.delivery.signing import sign
 
 
 @dataclass
@@ -64,7 +65,7 @@ class RecordQueue:
         for item in oldest:
             item.settle(None)
         try:
-            self.report.spilled_records += self.outbox.append(dumps(self.named(r)) for r in records)
+            self.report.spilled_records += self.outbox.append(dumps(sign(self.named(r))) for r in records)
         except OSError as error:  # the memory bound wins over the records: counted, not silent
             lost = sum(1 for r in records if r["op"] == "metric")
             self.report.count(
@@ -123,13 +124,16 @@ class RecordQueue:
             item.settle(None)
         self.inflight, self.memory = [], deque()
         if not head and not tail and not self.outbox.waiting:
+            self.outbox.release()
             return
-        records = (self.named(record) for record in chain(head, self.outbox.remaining(), tail))
+        records = (sign(self.named(record)) for record in chain(head, self.outbox.remaining(), tail))
         try:
             self.report.waiting_records = self.outbox.rewrite(records)
         except OSError as error:
             self.report.count(last_error=f"{self.outbox.path}: cannot keep the tracking records ({error})")
             return
+        finally:
+            self.outbox.release()  # the run is done with it: a replay may take it
         self.report.outbox = str(self.outbox.path)
         self.report.store_down = store_down
 

@@ -83,10 +83,12 @@ class RunWriter:
         )
 
     @classmethod
-    def replay(cls, client: Any, outbox: Outbox, **options: Any) -> WriterReport:
-        """Send an outbox's records in order; what the store does not take is left in the file."""
-        options.setdefault("close_seconds", 3600.0)
-        return cls(client, outbox=outbox, **options).close()
+    def replay(cls, client: Any, outbox: Outbox) -> WriterReport:
+        """Send an outbox's records in order, each once; what the store does not take is left in the file
+        (`tasks.tracking.delivery.replay`)."""
+        from tasks.tracking.delivery.replay import replay
+
+        return replay(client, outbox)
 
     # --- queued: return at once ------------------------------------------------------------------------
 

@@ -1,0 +1,202 @@
+"""`gptpipe tracking replay`: an outbox's records sent to the store, in order, each landing once.
+
+- **Nothing lost.** A record the store refuses (a 4xx: a deleted experiment, a read-only user) is kept:
+  at the end the outbox holds the refused records and those not sent yet, and the report lists them
+  (the command exits 1). Only a record that can never be sent by anyone (an artifact whose file is gone,
+  a checkpoint that cannot be a model) is skipped, and said.
+- **Nothing doubled.** Progress is written beside the outbox (`<outbox>.progress.json`, atomically)
+  after every call the store took: the offset reached, the runs created (pending key -> id), the refused
+  records. A replay killed midway resumes there. What a kill between a call and its progress may send
+  twice lands once: MLflow keeps one of identical metrics, params, tags and inputs; a run is found by
+  its record key (`gptpipe.record_key` tag) and a logged model by its checkpoint's sha256 before either
+  is made again.
+- **One at a time.** A replay holds the outbox's lock (`<outbox>.lock`), which the run writing the
+  outbox holds too while it lives: a second replay is refused in one line.
+- **Nothing it did not make.** A record that reads a local file (an artifact, a checkpoint as a model)
+  is sent only when this user's gptpipe signed it (`tasks.tracking.delivery.signing`): a crafted outbox
+  cannot upload an SSH key. Unsigned records of that kind are refused and kept.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gptcore.tools.atomic import write_json_atomic
+from tasks.tracking.delivery.operations import (
+    METRICS_PER_CALL,
+    OPERATIONS,
+    PENDING,
+    NotAModel,
+    is_outage,
+    reason,
+)
+from tasks.tracking.delivery.outbox import Outbox
+from tasks.tracking.delivery.queue import Item, same_call
+from tasks.tracking.delivery.report import WriterReport
+from tasks.tracking.delivery.signing import READS_FILES, sign, verified
+
+RECORD_KEY = "gptpipe.record_key"  # a created run's tag: the pending key its records name it by
+RETRIES = 3
+BACKOFF_SECONDS = 1.0
+
+
+@dataclass
+class Progress:
+    """How far a replay of one outbox got; valid only for the outbox file it was written for."""
+
+    path: Path
+    generation: str
+    size: int
+    offset: int
+    ids: dict[str, str] = field(default_factory=dict)  # pending key -> run id
+    refused: list[dict[str, Any]] = field(default_factory=list)  # {"record": ..., "reason": ...}
+
+    @classmethod
+    def of(cls, outbox: Outbox) -> Progress:
+        path = outbox.path.with_name(outbox.path.name + ".progress.json")
+        size = outbox.path.stat().st_size
+        fresh = cls(path, outbox.generation, size, outbox.offset)
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return fresh
+        if saved.get("generation") != outbox.generation or saved.get("size") != size:
+            return fresh  # written for another version of the file: everything is sent again, once
+        offset, ids, refused = int(saved["offset"]), dict(saved["ids"]), list(saved["refused"])
+        return cls(path, outbox.generation, size, offset, ids, refused)
+
+    def save(self) -> None:
+        state = {"generation": self.generation, "size": self.size, "offset": self.offset}
+        write_json_atomic(self.path, {**state, "ids": self.ids, "refused": self.refused})
+
+
+def replay(client: Any, outbox: Outbox) -> WriterReport:
+    """Send the outbox's records (see the module); the report counts what was sent, skipped, refused
+    (`given_up_calls`) and left (`waiting_records`, refused ones included)."""
+    report = WriterReport(outbox=str(outbox.path))
+    with outbox.locked():
+        progress = Progress.of(outbox)
+        outbox.offset = progress.offset
+        stopped = False
+        for group, end in _groups(outbox):
+            outcome = _deliver(client, group, progress, report)
+            if outcome == "away":
+                stopped = True
+                break
+            progress.offset = end
+            progress.save()
+        _finish(outbox, progress, report, stopped)
+    return report
+
+
+def _groups(outbox: Outbox) -> Iterator[tuple[list[dict[str, Any]], int]]:
+    """The waiting records from the outbox's offset, a call's worth at a time, each with where it ends."""
+    while True:
+        lines = outbox.read(METRICS_PER_CALL)
+        if not lines:
+            return
+        size = len(same_call([Item(record=record) for record, _ in lines]))  # as the live writer groups
+        yield [record for record, _ in lines[:size]], lines[size - 1][1]
+        outbox.offset = lines[size - 1][1]
+
+
+def _deliver(client: Any, group: list[dict[str, Any]], progress: Progress, report: WriterReport) -> str:
+    """Send one group: `sent`, `skipped`, `refused` (kept) or `away` (the store did not answer)."""
+    first = group[0]
+    problem = None if all(verified(record) or record["op"] not in READS_FILES for record in group) else (
+        "not signed by this user's gptpipe, and it reads a local file: refused unread"
+    )  # fmt: skip
+    for attempt in range(RETRIES):
+        if problem is not None:
+            break
+        try:
+            result = _send(client, group, progress)
+        except (NotAModel, FileNotFoundError) as error:  # the record's file, not the store: never sendable
+            report.count(skipped_records=len(group), last_error=f"{first['op']}: {reason(error)}")
+            return "skipped"
+        except Exception as error:  # the store may fail in any way
+            if not is_outage(error):
+                problem = reason(error)
+                break
+            report.count(failed_calls=1, last_error=f"{first['op']}: {reason(error)}")
+            if attempt + 1 == RETRIES:
+                return "away"
+            time.sleep(BACKOFF_SECONDS * 2**attempt)
+            continue
+        if first["op"] == "create_run":
+            progress.ids[first["run"]] = result
+        report.count(delivered_late=len(group), sent_metrics=len(group) if first["op"] == "metric" else 0)
+        return "sent"
+    progress.refused += [{"record": record, "reason": problem} for record in group]
+    report.count(given_up_calls=1, last_error=f"{first['op']}: {problem}")
+    return "refused"
+
+
+def _send(client: Any, group: list[dict[str, Any]], progress: Progress) -> Any:
+    first = group[0]
+    if first["op"] == "create_run":
+        return _run_of(client, first)
+    run = progress.ids.get(first["run"], first["run"])
+    if run.startswith(PENDING):
+        raise ValueError(f"its run {first['run']} was never created (the record creating it is not here)")
+    if first["op"] == "metric":
+        return OPERATIONS["metric"](client, run, group)
+    if first["op"] == "log_model":
+        found = _logged_model_of(client, first, run)
+        if found is not None:
+            return found
+    return OPERATIONS[first["op"]](client, run, first)
+
+
+def _run_of(client: Any, record: dict[str, Any]) -> str:
+    """The run a create_run record made, found by its key (a replay killed after creating it), else made."""
+    key = record["run"]
+    found = client.search_runs([record["experiment_id"]], f"tags.`{RECORD_KEY}` = '{key}'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    tagged = {**record, "tags": {**record["tags"], RECORD_KEY: key}}
+    return OPERATIONS["create_run"](client, key, tagged)
+
+
+def _logged_model_of(client: Any, record: dict[str, Any], run: str) -> str | None:
+    """The logged model of this checkpoint and run, when an earlier replay made it already."""
+    from gptcore.tools.fingerprint import sha256_file
+
+    path = Path(record["path"])
+    if not path.is_file():
+        return None
+    digest = sha256_file(path)
+    terms = f"tags.checkpoint_sha256 = '{digest}' and source_run_id = '{run}'"
+    try:
+        found = client.search_logged_models([record["experiment_id"]], filter_string=terms, max_results=1)
+    except Exception:  # an older store that cannot search by these: log it again
+        return None
+    return found[0].model_id if found else None
+
+
+def _finish(outbox: Outbox, progress: Progress, report: WriterReport, stopped: bool) -> None:
+    """Leave in the outbox what the store refused and what was not sent, in order; remove it and the
+    progress when nothing is left."""
+    remaining = list(outbox.remaining()) if stopped else []
+    kept = [entry["record"] for entry in progress.refused] + [_renamed(r, progress.ids) for r in remaining]
+    report.waiting_records = outbox.rewrite(kept)
+    report.store_down = stopped
+    refused = [f"{e['record']['op']} ({e['reason']})" for e in progress.refused]
+    if refused:
+        report.last_error = f"the store refused {len(refused)}: {'; '.join(refused[:5])}"
+    progress.path.unlink(missing_ok=True)
+
+
+def _renamed(record: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+    """A record left waiting, its run's pending key replaced by the id this replay created; signed again
+    only when it was this user's as it stood (a foreign record is never made to look like one's own)."""
+    run = record.get("run", "")
+    if record["op"] == "create_run" or run not in ids:
+        return record
+    renamed = {**record, "run": ids[run]}
+    return sign(renamed) if verified(record) else renamed

@@ -1,0 +1,60 @@
+"""Outbox records signed by the user's gptpipe: an HMAC of each record with a key only this user reads.
+
+A replay uploads the files its records name (artifacts, checkpoints as logged models). A record gptpipe
+wrote names what the run chose to log; a crafted outbox could name `~/.ssh/id_rsa`. So the writer signs
+every record it leaves in an outbox (`sig`: HMAC-SHA256 of the record without it, keyed by
+`~/.gptpipe/outbox.key`, made 0600 on first use), and a replay sends a record that reads a local file
+only when its signature is this user's. Another user's outbox, or one written before records were
+signed, keeps such records, refused; everything else in it (metrics, params, tags) is sent as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+READS_FILES = frozenset({"log_artifact", "log_model"})  # the records whose sending reads a local file
+KEY_FILE = Path("~/.gptpipe/outbox.key")
+
+
+@cache
+def _key() -> bytes:
+    """This user's signing key: created once (0600, never through a link), refused when anyone else
+    could read or replace it."""
+    path = KEY_FILE.expanduser()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(descriptor) as handle:
+        info = os.fstat(handle.fileno())
+        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise PermissionError(f"{path}: must be this user's and readable by nobody else (chmod 600)")
+        return handle.read().strip().encode()
+
+
+def _digest(record: dict[str, Any]) -> str:
+    body = json.dumps({k: v for k, v in record.items() if k != "sig"}, sort_keys=True, default=str)
+    return hmac.new(_key(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def sign(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "sig": _digest(record)}
+
+
+def verified(record: dict[str, Any]) -> bool:
+    """Whether this user's gptpipe wrote `record` as it is."""
+    given = record.get("sig")
+    return isinstance(given, str) and hmac.compare_digest(given, _digest(record))

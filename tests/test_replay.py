@@ -1,0 +1,156 @@
+"""`gptpipe tracking replay`, against a real store: what the store refuses stays (exit 1), a killed
+replay resumes without a second run or metric, two replays never run at once, a crafted outbox cannot
+upload a local file, and the store is the one the outbox was written for."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tracking_support import fresh_store
+
+from flows.cli.main import main
+from tasks.tracking.delivery import operations
+from tasks.tracking.delivery.operations import dumps, metric
+from tasks.tracking.delivery.outbox import Outbox
+from tasks.tracking.delivery.signing import sign
+
+
+@pytest.fixture(autouse=True)
+def _no_store_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # and whatever a replay sets goes with it
+
+
+class Store:
+    def __init__(self, folder: Path) -> None:
+        from mlflow import MlflowClient
+
+        self.uri = fresh_store(folder)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.experiment = self.client.create_experiment("replayed")
+
+
+def outbox_of(path: Path, uri: str, records: list[dict[str, Any]], signed: bool = True) -> Path:
+    box = Outbox(path, uri)
+    box.append(dumps(sign(record) if signed else record) for record in records)
+    box.release()  # as the run that wrote it does when it ends
+    return path
+
+
+def create(key: str, experiment: str) -> dict[str, Any]:
+    return {"op": "create_run", "run": key, "experiment_id": experiment, "run_name": "lost",
+            "tags": {}, "start_time": int(time.time() * 1000)}  # fmt: skip
+
+
+def losses(run: str, steps: range) -> list[dict[str, Any]]:
+    return [metric(run, "loss", 1.0 / step, 1000 * step, step) for step in steps]
+
+
+def replay(path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["tracking", "replay", str(path), *args])
+    said = capsys.readouterr()
+    return code, said.out + said.err
+
+
+def test_records_the_store_refuses_stay_in_the_outbox_listed_and_the_replay_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(tmp_path)
+    run = store.client.create_run(store.experiment).info.run_id
+    store.client.log_param(run, "lr", "0.001")
+    changed = {"op": "log_params", "run": run, "params": {"lr": "0.002"}, "keep_existing": False}
+    path = outbox_of(tmp_path / "box.jsonl", store.uri, [*losses(run, range(1, 4)), changed])
+    code, said = replay(path, capsys)
+    assert code == 1 and "the store refused 1: log_params (" in said and "kept in it" in said
+    assert [m.step for m in store.client.get_metric_history(run, "loss")] == [1, 2, 3]
+    kept = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert [(record["op"], record["params"]) for record in kept] == [("log_params", {"lr": "0.002"})]
+
+
+def test_a_killed_replay_resumes_without_a_second_run_or_metric(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path)
+    key = "pending-0123456789abcdef"
+    records = [create(key, store.experiment), *losses(key, range(1, 4))]
+    records += [{"op": "set_tags", "run": key, "tags": {"phase": "a"}}, *losses(key, range(4, 7))]
+    path = outbox_of(tmp_path / "box.jsonl", store.uri, records)
+    created = operations.OPERATIONS["create_run"]
+
+    def created_then_killed(*args: Any) -> str:
+        created(*args)  # the store took it; the kill comes before the progress says so
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(operations.OPERATIONS, "create_run", created_then_killed)
+    assert main(["tracking", "replay", str(path)]) != 0  # killed
+    monkeypatch.setitem(operations.OPERATIONS, "create_run", created)
+    sent_tags = operations.OPERATIONS["set_tags"]
+
+    def killed_at_the_tags(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(operations.OPERATIONS, "set_tags", killed_at_the_tags)
+    assert main(["tracking", "replay", str(path)]) != 0  # the run found again, first losses sent, killed
+    monkeypatch.setitem(operations.OPERATIONS, "set_tags", sent_tags)
+    code, said = replay(path, capsys)
+    assert code == 0, said
+    runs = store.client.search_runs([store.experiment])
+    assert len(runs) == 1, "one run, however many times its creation was replayed"
+    assert [m.step for m in store.client.get_metric_history(runs[0].info.run_id, "loss")] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
+    assert runs[0].data.tags["phase"] == "a" and not path.exists()
+    assert not path.with_name("box.jsonl.progress.json").exists()
+
+
+def test_two_replays_of_one_outbox_at_once_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(tmp_path)
+    run = store.client.create_run(store.experiment).info.run_id
+    path = outbox_of(tmp_path / "box.jsonl", store.uri, losses(run, range(1, 3)))
+    with Outbox.open(path).locked():
+        code, said = replay(path, capsys)
+    assert code == 2 and "in use by another replay or by the run still writing it" in said
+    assert store.client.get_metric_history(run, "loss") == [] and path.exists()
+
+
+def test_a_crafted_outbox_cannot_upload_a_local_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(tmp_path)
+    run = store.client.create_run(store.experiment).info.run_id
+    secret = tmp_path / "id_rsa"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
+    upload = {"op": "log_artifact", "run": run, "path": str(secret), "folder": "loot"}
+    path = outbox_of(tmp_path / "box.jsonl", store.uri, [*losses(run, range(1, 3)), upload], signed=False)
+    code, said = replay(path, capsys)
+    assert code == 1 and "not signed by this user's gptpipe, and it reads a local file" in said
+    assert store.client.list_artifacts(run) == []
+    assert [m.step for m in store.client.get_metric_history(run, "loss")] == [1, 2]  # the rest is sent
+    assert [json.loads(line)["op"] for line in path.read_text().splitlines()[1:]] == ["log_artifact"]
+
+
+def test_the_outbox_store_wins_over_the_environment_and_a_missing_experiment_stops_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written_for, other = Store(tmp_path / "a"), Store(tmp_path / "b")
+    run = written_for.client.create_run(written_for.experiment).info.run_id
+    path = outbox_of(tmp_path / "box.jsonl", written_for.uri, losses(run, range(1, 3)))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other.uri)
+    code, said = replay(path, capsys)
+    assert code == 0 and f"replaying into {written_for.uri}, the store the outbox was written for" in said
+    assert len(written_for.client.get_metric_history(run, "loss")) == 2
+
+    lost = outbox_of(tmp_path / "lost.jsonl", written_for.uri, [create("pending-aa", "99")])
+    code, said = replay(lost, capsys)
+    assert code == 2 and "its runs belong to experiment 99, which" in said and "nothing was sent" in said
+    assert lost.exists()
