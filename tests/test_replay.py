@@ -154,3 +154,21 @@ def test_the_outbox_store_wins_over_the_environment_and_a_missing_experiment_sto
     code, said = replay(lost, capsys)
     assert code == 2 and "its runs belong to experiment 99, which" in said and "nothing was sent" in said
     assert lost.exists()
+
+
+def test_lines_nested_too_deep_or_too_long_are_passed_over_in_one_piece(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.tracking.delivery import outbox as outbox_module
+
+    monkeypatch.setattr(outbox_module, "LINE_LIMIT", 4096)
+    store = Store(tmp_path)
+    run = store.client.create_run(store.experiment).info.run_id
+    path = outbox_of(tmp_path / "box.jsonl", store.uri, losses(run, range(1, 3)))
+    with path.open("a") as handle:
+        handle.write("[" * 100_000 + "]" * 100_000 + "\n")  # deeper than the JSON reader goes
+        handle.write(json.dumps({"op": "metric", "run": run, "pad": "x" * 10_000}) + "\n")  # too long
+        handle.write(dumps(sign(metric(run, "loss", 0.25, 3000, 3))) + "\n")
+    code, said = replay(path, capsys)
+    assert code == 0 and "Traceback" not in said, said
+    assert [m.step for m in store.client.get_metric_history(run, "loss")] == [1, 2, 3]

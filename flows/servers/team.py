@@ -8,6 +8,11 @@ With `auth`, MLflow's basic-auth app (an admin whose password is generated; the 
 too) and Prefect's API auth string. PostgreSQL listens on loopback only (only the two servers use it);
 the servers bind loopback unless told otherwise. Every secret is a file of mode 0600 under the state
 folder; `client.env` there holds what a client exports. None is printed.
+
+The state folder is trusted only when it is this user's and nobody else may write to it; a secret only
+when it is a plain file of this user's that nobody else may read. Files are made exclusively, never
+through a link, 0600 from their first byte; the artifacts folder is 0700 (MLflow's auth guards them,
+not the file system); the servers' Python never imports from the state folder (`-P`).
 """
 
 from __future__ import annotations
@@ -81,12 +86,54 @@ class ServerSettings:
 
 
 def secret(path: Path, make: str | None = None) -> str:
-    """The secret in `path`, made (mode 0600, before anything is written into it) when missing."""
-    if not path.exists():
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(make or secrets.token_urlsafe(24))
-    return path.read_text().strip()
+    """The secret in `path`, made (mode 0600, before anything is written into it) when missing; one that
+    is a link, another user's, or readable by others is refused."""
+    if not path.exists() and not path.is_symlink():
+        private_file(path, make or secrets.token_urlsafe(24))
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as error:
+        raise ConfigError(
+            f"{path}: a secret that is not a plain file ({error.strerror}); remove it"
+        ) from None
+    with os.fdopen(descriptor) as handle:
+        info = os.fstat(handle.fileno())
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise ConfigError(
+                f"{path}: a secret of user {info.st_uid} with mode {info.st_mode & 0o777:o}; it must be this "
+                f"user's ({os.geteuid()}) and 0600: remove it to have a new one made"
+            )
+        return handle.read().strip()
+
+
+def private_file(path: Path, text: str, owner: str | None = None) -> None:
+    """`text` in a new file made 0600 from its first byte, never through a link (a stale file or link
+    in its place is removed first), handed to `owner` through the open file, not by name."""
+    path.unlink(missing_ok=True)  # a link planted here goes, its target untouched
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        if owner is not None:
+            entry = pwd.getpwnam(owner)
+            os.fchown(handle.fileno(), entry.pw_uid, entry.pw_gid)
+        handle.write(text)
+
+
+def check_state_folder(state: Path, shown: Path, traversable: bool = False) -> None:
+    """A state folder this user owns and nobody else may write to (else a planted file would be a
+    secret, a cluster, or code the servers run); made 0700 when missing (0711 when PostgreSQL runs as
+    another user, who must pass through it to its cluster)."""
+    try:
+        state.mkdir(mode=0o711 if traversable else 0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--state {shown}: cannot make the folder ({error})") from None
+    info = state.lstat()
+    if state.is_symlink() or not state.is_dir():
+        raise ConfigError(f"--state {shown}: not a folder of its own (a link or a file)")
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise ConfigError(
+            f"--state {shown}: owned by user {info.st_uid} with mode {info.st_mode & 0o777:o}; it must be "
+            f"this user's ({os.geteuid()}) and writable by nobody else (chmod go-w)"
+        )
 
 
 def postgres_program(name: str) -> str:
@@ -134,21 +181,15 @@ class Stack:
 
     def init_cluster(self) -> None:
         """`initdb` on the first start: password authentication, the role `gptpipe`, UTF-8."""
+        check_state_folder(self.state, self.settings.state, traversable=self.user is not None)
         if (self.cluster / "PG_VERSION").exists():
             return
-        try:
-            self.state.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise ConfigError(f"--state {self.settings.state}: cannot make the folder ({error})") from None
-        password_file = self.state / "postgres.password"
-        secret(password_file)
+        password = secret(self.state / "postgres.password")
         self.cluster.mkdir(mode=0o700, exist_ok=True)
         self._own(self.cluster)
         self._check_reachable()
         initial = self.state / "initdb.password"  # initdb reads it as the PostgreSQL user; gone after
-        initial.write_text(password_file.read_text())
-        initial.chmod(0o600)
-        self._own(initial)
+        private_file(initial, password, owner=self.user)
         try:
             command = [postgres_program("initdb"), "-D", str(self.cluster), "-U", ROLE]
             command += ["--pwfile", str(initial), "--auth=scram-sha-256", "-E", "UTF8", "--no-instructions"]
@@ -224,8 +265,19 @@ class Stack:
 
     def mlflow(self) -> Service:
         s = self.settings
-        self.artifacts.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "mlflow", "server", "--host", s.host, "--port", str(s.mlflow_port)]
+        self.artifacts.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.artifacts.chmod(0o700)  # one an older gptpipe made 0755: every local user read every model
+        command = [
+            sys.executable,
+            "-P",
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            s.host,
+            "--port",
+            str(s.mlflow_port),
+        ]
         command += ["--workers", str(s.mlflow_workers), "--artifacts-destination", self.artifacts.as_uri()]
         if s.allowed_hosts:
             command += ["--allowed-hosts", s.allowed_hosts]
@@ -263,7 +315,7 @@ class Stack:
 
     def prefect(self) -> Service:
         s = self.settings
-        command = [sys.executable, "-m", "prefect", "server", "start"]
+        command = [sys.executable, "-P", "-m", "prefect", "server", "start"]
         command += ["--host", s.host, "--port", str(s.prefect_port)]
         client_side = ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY")  # a client's
         env = {name: value for name, value in os.environ.items() if name not in client_side}

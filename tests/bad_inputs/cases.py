@@ -318,6 +318,23 @@ FLAG_CASES = [
         "--device cuda: CUDA is not available",
     ),
     Case(
+        "servers-state-others-may-write",
+        ["servers", "--state", "shared"],
+        "with mode 777; it must be this user's",
+        files={"shared/.keep": lambda path: (path.write_text(""), path.parent.chmod(0o777))},
+    ),
+    Case(
+        "servers-secret-planted-as-a-link",
+        ["servers", "--state", "state"],
+        "state/postgres.password: a secret that is not a plain file",
+        files={
+            "state/postgres.password": lambda path: (
+                path.parent.chmod(0o700),
+                path.symlink_to("/etc/hostname"),
+            )
+        },
+    ),
+    Case(
         "unknown-device-flag",
         ["train", "--device", "tpu", "--dry-run"],
         "--device 'tpu': expected one of auto, cpu, cuda",

@@ -76,10 +76,10 @@ class Outbox:
         path = Path(path)
         try:
             with path.open("rb") as handle:
-                header = _header(path, handle.readline())
+                header = _header(path, handle.readline(LINE_LIMIT))
                 outbox = cls(path, header.get("tracking_uri", ""), str(header.get("generation") or "none"))
                 outbox.offset = handle.tell()
-                outbox.waiting = sum(1 for line in handle if line.strip())
+                outbox.waiting = sum(1 for line in _lines(handle) if line.strip())
         except OSError as error:
             raise OutboxError(f"{path}: cannot read the outbox ({error.strerror or error})") from None
         return outbox
@@ -110,13 +110,12 @@ class Outbox:
         records = []
         with self.path.open("rb") as handle:
             handle.seek(self.offset)
-            while len(records) < limit:
-                line = handle.readline()
-                if not line:
-                    break
+            for line in _lines(handle):
                 record = _record(line)
                 if record is not None:
                     records.append((record, handle.tell()))
+                    if len(records) == limit:
+                        break
         if not records:  # only a torn last line was left
             self.waiting = 0
         return records
@@ -134,7 +133,7 @@ class Outbox:
             return
         with self.path.open("rb") as handle:
             handle.seek(self.offset)
-            for line in handle:
+            for line in _lines(handle):
                 record = _record(line)
                 if record is not None:
                     yield record
@@ -167,7 +166,7 @@ class Outbox:
 def _header(path: Path, line: bytes) -> dict[str, Any]:
     try:
         header = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict) or header.get("gptpipe_outbox") != FORMAT:
         raise OutboxError(
@@ -177,9 +176,23 @@ def _header(path: Path, line: bytes) -> dict[str, Any]:
     return header
 
 
+LINE_LIMIT = 16 << 20  # a record is a batch of params or a logged dict at most: never a whole file
+
+
+def _lines(handle: IO[bytes]) -> Iterator[bytes]:
+    """The file's lines from where the handle stands, each read at most `LINE_LIMIT` bytes at a time:
+    a longer one (no record of gptpipe's) is passed over, never held whole."""
+    while line := handle.readline(LINE_LIMIT + 1):
+        if len(line) > LINE_LIMIT and not line.endswith(b"\n"):
+            while (rest := handle.readline(LINE_LIMIT)) and not rest.endswith(b"\n"):
+                pass
+            continue
+        yield line
+
+
 def _record(line: bytes) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
-    except ValueError:  # a torn last line of a killed process
+    except (ValueError, RecursionError):  # a torn last line of a killed process; nesting no record has
         return None
     return record if isinstance(record, dict) and "op" in record else None
