@@ -23,6 +23,7 @@ TAG_VALUE_LIMIT = 8000
 PARAMS_PER_CALL = 100
 METRICS_PER_CALL = 1000
 PENDING = "pending-"  # the prefix of a run key whose run is not created yet
+RECORD_KEY = "gptpipe.record_key"  # a created run's tag: the key its records named it by (found again by it)
 
 
 def text(value: Any, limit: int) -> str:

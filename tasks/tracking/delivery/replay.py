@@ -31,6 +31,7 @@ from tasks.tracking.delivery.operations import (
     METRICS_PER_CALL,
     OPERATIONS,
     PENDING,
+    RECORD_KEY,
     NotAModel,
     is_outage,
     reason,
@@ -40,7 +41,6 @@ from tasks.tracking.delivery.queue import Item, same_call
 from tasks.tracking.delivery.report import WriterReport
 from tasks.tracking.delivery.signing import READS_FILES, sign, verified
 
-RECORD_KEY = "gptpipe.record_key"  # a created run's tag: the pending key its records name it by
 RETRIES = 3
 BACKOFF_SECONDS = 1.0
 
@@ -159,7 +159,7 @@ def _run_of(client: Any, record: dict[str, Any]) -> str:
     found = client.search_runs([record["experiment_id"]], f"tags.`{RECORD_KEY}` = '{key}'", max_results=1)
     if found:
         return found[0].info.run_id
-    tagged = {**record, "tags": {**record["tags"], RECORD_KEY: key}}
+    tagged = {**record, "tags": {**record["tags"], RECORD_KEY: key}}  # an older outbox's record lacks it
     return OPERATIONS["create_run"](client, key, tagged)
 
 

@@ -30,6 +30,7 @@ from tasks.tracking.delivery.loop import DeliveryLoop
 from tasks.tracking.delivery.operations import (
     PARAM_VALUE_LIMIT,
     PENDING,
+    RECORD_KEY,
     TAG_VALUE_LIMIT,
     dataset_inputs,
     metric,
@@ -153,6 +154,7 @@ class RunWriter:
         when the store refused it."""
         key = f"{PENDING}{uuid.uuid4().hex}"
         clean = {k: text(v, TAG_VALUE_LIMIT) for k, v in tags.items() if v is not None}
+        clean[RECORD_KEY] = key  # a replay after a kill finds the run by it instead of making another
         record = {
             "op": "create_run",
             "run": key,
