@@ -65,7 +65,13 @@ def _register_commands() -> None:
     """Every command, in the order `--help` lists them; each module defines plain functions."""
     if app.registered_commands:
         return
-    from flows.cli.models import export_command, merge_command, quantize_command, serve_command
+    from flows.cli.models import (
+        export_command,
+        import_command,
+        merge_command,
+        quantize_command,
+        serve_command,
+    )
     from flows.cli.pipeline import finetune_command, run, sweep_command
     from flows.cli.servers import servers_command
     from flows.cli.tracking import compare_command, replay_command, ui_command
@@ -76,6 +82,7 @@ def _register_commands() -> None:
         ("sweep", sweep_command),
         ("finetune", finetune_command),
         ("merge", merge_command),
+        ("import", import_command),
         ("device", device_command),
         ("train", train_command),
         ("generate", generate_command),

@@ -22,6 +22,43 @@ if TYPE_CHECKING:
     from gptcore.serving.app import CompletionServer
 
 
+def import_command(
+    model: str = typer.Argument(..., help="hf:FOLDER (a GPT2LMHeadModel folder) or hf:HUB_ID (e.g. hf:gpt2)"),
+    name: str = typer.Option(..., "--name", help="the registered model it becomes a version of"),
+    params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+) -> None:
+    """Import a GPT-2-family model from Hugging Face's format and register it (alias `imported`, its
+    source and weights sha256 as tags), so models:/NAME/N fine-tunes, serves, exports and quantizes as
+    gptpipe's own do."""
+    import json
+    import tempfile
+
+    from gptcore.errors import ConfigError
+    from gptcore.tools.fingerprint import sha256_file
+    from tasks.tracking import TrackingSession
+    from tasks.tracking.models.model_uri import HF, hf_model_files
+    from tasks.tracking.models.registry import register_imported
+
+    if not model.startswith(HF):
+        raise ConfigError(f"gptpipe import {model}: expected hf:FOLDER or hf:HUB_ID (a GPT-2 in HF's format)")
+    _, params = resolve_params(params_file, iteration, [])
+    with tempfile.TemporaryDirectory(prefix="gptpipe-import-") as scratch:
+        files = hf_model_files(model, Path(scratch))
+        lineage = {"source": model, "weights_sha256": sha256_file(files.weights),
+                   "tokenizer_sha256": sha256_file(files.tokenizer)}  # fmt: skip
+        session = TrackingSession.open(params.tracking)
+        client, experiment = session.client, session.experiment_id
+        run = client.create_run(
+            experiment, run_name=f"import-{name}", tags={"kind": "import", **lineage}
+        ).info
+        registration = register_imported(client, experiment, run.run_id, name, files, lineage)
+        client.set_terminated(run.run_id)
+    uri = f"models:/{name}/{registration.model_version}"
+    print(json.dumps({"registered_model": name, "model_version": registration.model_version, "model_uri": uri,
+                      "alias": registration.alias, **lineage}))  # fmt: skip
+
+
 def merge_command(
     checkpoint_directory: Path | None = typer.Option(
         None, "--checkpoint-directory", help="a LoRA fine-tune's checkpoint folder"

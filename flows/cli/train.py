@@ -16,7 +16,7 @@ from typing import Any
 import typer
 
 from flows.cli.options import batch_size_value, command_of, json_lines_only, nproc_value, resolve_params
-from gptcore.errors import ConfigError, first_line
+from gptcore.errors import ConfigError
 from gptcore.runtime.config import Device, Precision
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.records import StartupRecord
@@ -280,14 +280,17 @@ def generate_command(
 def _generate_from_model(
     uri: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int
 ) -> dict[str, Any]:
-    from mlflow.exceptions import MlflowException
+    """A completion from the model `uri` names (a logged or registered model, `hf:...`), its files read
+    as data: the MLflow model's own code is not run."""
+    import tempfile
 
-    from tasks.tracking.models.model_uri import load_model_uri
+    from gptcore.export.model_files import read_model_files
+    from gptcore.generate import Completer
+    from tasks.tracking.models.model_uri import model_files_of
 
-    loaded = load_model_uri(uri)
-    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "seed": seed}
-    try:
-        completion = loaded.predict([prompt], params=settings)[0]
-    except MlflowException as error:
-        raise ConfigError(first_line(str(error.message))) from None
+    with tempfile.TemporaryDirectory(prefix="gptpipe-generate-") as scratch:
+        files = model_files_of(uri, into=Path(scratch))
+        model = read_model_files(files.weights, files.config, quantization=files.quantization)
+        completer = Completer.from_paths(model, files.tokenizer)
+        completion = completer.complete([prompt], max_new_tokens, temperature, top_k or None, seed)[0]
     return {"model": uri, "prompt": prompt, "completion": completion}

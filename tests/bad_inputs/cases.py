@@ -335,6 +335,20 @@ FLAG_CASES = [
         },
     ),
     Case(
+        "hf-model-neither-a-folder-nor-on-the-hub",
+        ["generate", "--model", "hf:gptpipe-tests/no-such-model", "--prompt", "x"],
+        "--model hf:gptpipe-tests/no-such-model: not a folder here, and the Hugging Face hub did not give it",
+        exit_code=1,
+    ),
+    Case(
+        "hf-model-of-another-architecture",
+        ["generate", "--model", "hf:llama", "--prompt", "x"],
+        "llama/config.json: model_type 'llama' (LlamaForCausalLM): gptpipe holds GPT-2's layout (gpt2) only",
+        files={
+            "llama/config.json": json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+        },
+    ),
+    Case(
         "unknown-device-flag",
         ["train", "--device", "tpu", "--dry-run"],
         "--device 'tpu': expected one of auto, cpu, cuda",

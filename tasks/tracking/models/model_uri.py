@@ -1,19 +1,23 @@
-"""A model named by an MLflow model URI, loaded from the project's tracking store.
+"""A model named by a URI: an MLflow model in the project's tracking store, or a Hugging Face GPT-2.
 
 `models:/NAME@ALIAS`, `models:/NAME/VERSION` and `models:/MODEL_ID` are resolved here with a client on the
 store (never MLflow's process-wide tracking URI) to the artifact location they name; anything else (a local
-model folder, a `file://` URI) is loaded as it is.
+model folder, a `file://` URI) is loaded as it is. `hf:<local folder or hub id>` is a `GPT2LMHeadModel`
+read into gptpipe's model files (`gptcore.export.hf_import`): from the folder, or downloaded from the hub
+where it is reachable.
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from gptcore.errors import GptpipeError, first_line
 from tasks.tracking.store import connect, redact, resolve_target
 
-EXPECTED = "models:/NAME@ALIAS, models:/NAME/VERSION, models:/MODEL_ID or a model folder"
+EXPECTED = "models:/NAME@ALIAS, models:/NAME/VERSION, models:/MODEL_ID, hf:FOLDER_OR_HUB_ID or a model folder"
+HF = "hf:"
 
 
 class ModelNotFound(GptpipeError):
@@ -81,6 +85,10 @@ def model_files_of(uri: str, config: Any = None, into: Path | None = None) -> An
 
     from gptcore.export.model_files import model_files_in
 
+    if uri.startswith(HF):
+        return hf_model_files(
+            uri, Path(into) if into is not None else Path(tempfile.mkdtemp(prefix="gptpipe-hf-"))
+        )
     location, target = locate(uri, config)
     try:
         where = str(into) if into is not None else None
@@ -96,6 +104,38 @@ def model_files_of(uri: str, config: Any = None, into: Path | None = None) -> An
     return files
 
 
+def hf_model_files(uri: str, into: Path) -> Any:
+    """`hf:<folder or hub id>` as gptpipe's model files in `into` (its weights fp32, its own tokenizer)."""
+    from gptcore.export.hf_import import read_hf_gpt2
+    from gptcore.export.model_files import write_model_files
+
+    source = uri.removeprefix(HF)
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        folder = _hub_folder(source, uri, into / "hub")
+    imported = read_hf_gpt2(folder, into / "tokenizer")
+    return write_model_files(imported.model, imported.tokenizer, into / "model")
+
+
+# What a GPT-2 folder needs from the hub: nothing else is downloaded.
+HUB_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.json",
+             "merges.txt", "special_tokens_map.json", "tokenizer_config.json"]  # fmt: skip
+
+
+def _hub_folder(repository: str, uri: str, into: Path) -> Path:
+    """The hub's copy of `repository`, or one line naming the local-folder way when it is not reachable."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repository, allow_patterns=HUB_FILES, local_dir=into))
+    except Exception as error:  # offline, unknown repository, no access: the hub says it many ways
+        raise ModelNotFound(
+            f"--model {uri}: not a folder here, and the Hugging Face hub did not give it "
+            f"({first_line(error)[:200]}); download it where the hub is reachable "
+            f"(huggingface-cli download {repository}) and pass hf:/path/to/that/folder"
+        ) from None
+
+
 def base_model(uri: str, config: Any, into: Path) -> tuple[Any, dict[str, str]]:
     """The model files a fine-tune starts from (a registered or logged model's, downloaded into the
     folder `into`; or a local model-files folder's) and its lineage: the URI and, for a registered one,
@@ -103,6 +143,8 @@ def base_model(uri: str, config: Any, into: Path) -> tuple[Any, dict[str, str]]:
     from gptcore.export.model_files import model_files_in
 
     lineage = {"base_model_uri": uri}
+    if uri.startswith(HF):
+        return hf_model_files(uri, into), lineage
     if not uri.startswith("models:/"):
         if not (Path(uri) / "model_config.json").is_file():
             raise ModelNotFound(f"finetune.model {uri}: no model there; expected {EXPECTED}")

@@ -13,6 +13,7 @@ the floating-point model unless `quantize.may_hold_champion` lets a quantized on
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,16 +124,42 @@ def register_quantized(
     return Registration(name, str(version.version), version.tags.get("model_id", ""), alias, bits, best)
 
 
+IMPORTED = "imported"  # the alias of the newest model imported into a registered model
+
+
+def register_imported(
+    client: Any, experiment_id: str, run_id: str, name: str, files: Any, lineage: dict[str, str]
+) -> Registration:
+    """Register an imported model's files (`hf:...`) as a version of `name` with its `lineage` (source,
+    weights sha256), aliased `imported`; importing the same weights again finds their version. It
+    competes for `champion` once it is evaluated, not before."""
+    from tasks.tracking.models.logged_models import log_files_model
+
+    identity = {"imported_weights_sha256": lineage["weights_sha256"]}
+    version = _version_of(client, name, identity)
+    if version is None:
+        tags = {**identity, **lineage, "stage": "import"}
+        model_id = log_files_model(client, experiment_id, run_id, files, "gpt-imported", tags, {})
+        version = _new_version(
+            client, name, client.get_logged_model(model_id), identity, None, lineage=lineage
+        )
+    client.set_registered_model_alias(name, IMPORTED, version.version)
+    return Registration(
+        name, str(version.version), version.tags.get("model_id", ""), IMPORTED, math.nan, None
+    )
+
+
 def _new_version(
     client: Any,
     name: str,
     model: Any,
     identity: dict[str, str],
-    bits: float,
+    bits: float | None,
     figure: str = "test_bits_per_byte",
     lineage: dict[str, str] | None = None,
 ) -> Any:
-    """A new version of `name` (created when missing) for the logged `model`, named on the model too."""
+    """A new version of `name` (created when missing) for the logged `model`, named on the model too;
+    `bits` None: a version measured by nothing yet (an imported model)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -152,7 +179,12 @@ def _new_version(
         source=model.artifact_location,
         run_id=model.source_run_id,
         model_id=model.model_id,
-        tags={**identity, "model_id": model.model_id, figure: str(bits), **(lineage or {})},
+        tags={
+            **identity,
+            "model_id": model.model_id,
+            **({figure: str(bits)} if bits is not None else {}),
+            **(lineage or {}),
+        },
     )
     _link_version(client, model, name, str(version.version))
     return version
