@@ -130,9 +130,10 @@ def ceiling(model: str, batch: int, new_tokens: int) -> float:
     """Tokens/s of the server's decoder in this process: `batch` prompts decoded together."""
     import torch
 
+    from gptcore.export.model_files import model_files_at
     from gptcore.serving.decoder import BatchDecoder
     from gptcore.serving.sequence import Sampling, Sequence
-    from gptcore.serving.served import load_served, model_files_at
+    from gptcore.serving.served import load_served
 
     torch.set_num_threads(os.cpu_count() or 1)
     served = load_served(model_files_at(Path(model)), model)

@@ -22,7 +22,7 @@ import torch
 from gptcore.data.config import CorpusConfig, TokenizerConfig
 from gptcore.data.corpus import open_corpus
 from gptcore.data.tokenizer import train_tokenizer
-from gptcore.export.model_files import write_model_files
+from gptcore.export.model_files import model_files_at, write_model_files
 from gptcore.generate import Completer, sample
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
@@ -30,7 +30,7 @@ from gptcore.serving.app import CompletionServer, create_app
 from gptcore.serving.config import ServeConfig
 from gptcore.serving.decoder import BatchDecoder
 from gptcore.serving.sequence import Sampling, Sequence
-from gptcore.serving.served import load_served, model_files_at
+from gptcore.serving.served import load_served
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 CONFIG = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=400)

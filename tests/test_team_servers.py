@@ -64,6 +64,7 @@ class Servers:
     state: Path
     postgres_port: int
     lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None  # appends the command's output to `lines` until it ends
 
     @property
     def client_env(self) -> dict[str, str]:
@@ -104,7 +105,8 @@ def servers() -> Iterator[Servers]:
                 ready.put(True)
         ready.put(False)
 
-    threading.Thread(target=read, daemon=True).start()
+    running.reader = threading.Thread(target=read, daemon=True)
+    running.reader.start()
     try:
         assert ready.get(timeout=180), "\n".join(running.lines[-30:])
         yield running
@@ -257,6 +259,7 @@ def test_sigterm_stops_the_servers_then_postgresql_and_leaves_nothing_running(se
     while any(member.is_running() and member.status() != psutil.STATUS_ZOMBIE for member in tree):
         assert time.monotonic() < deadline, [member.cmdline() for member in tree if member.is_running()]
         time.sleep(0.1)
+    servers.reader.join(timeout=10)  # the output's last lines, read after the process ended
     output = "\n".join(servers.lines)
     assert "database system is shut down" in output
     # The servers went before the database under them: no server logged a lost connection.

@@ -66,6 +66,7 @@ def _register_commands() -> None:
     if app.registered_commands:
         return
     from flows.cli.models import (
+        benchmark_command,
         export_command,
         import_command,
         merge_command,
@@ -89,6 +90,7 @@ def _register_commands() -> None:
         ("serve", serve_command),
         ("export", export_command),
         ("quantize", quantize_command),
+        ("benchmark", benchmark_command),
         ("ui", ui_command),
         ("compare", compare_command),
         ("servers", servers_command),

@@ -59,6 +59,45 @@ def import_command(
                       "alias": registration.alias, **lineage}))  # fmt: skip
 
 
+def benchmark_command(
+    model: str = typer.Option(..., "--model", help="models:/NAME@ALIAS, models:/NAME/N, hf:FOLDER, ..."),
+    tasks: str = typer.Option(..., "--tasks", help="comma-separated harness tasks: hellaswag,arc_easy,..."),
+    include_path: Path | None = typer.Option(
+        None, "--include-path", help="a folder of tasks in the harness's YAML format (data files beside them)"
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="the first N examples of each task"),
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="default: each task's own"),
+    batch_size: int = typer.Option(8, "--batch-size", min=1),
+    params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+) -> None:
+    """Score a model on lm-evaluation-harness tasks, through the harness's own Hugging Face model class;
+    prints one JSON line: every task's metrics (acc, acc_norm, their stderr, the samples scored)."""
+    import json
+    import tempfile
+    from importlib.metadata import version
+
+    from gptcore.errors import ConfigError
+    from gptcore.eval.benchmarks import BenchmarkRequest, run_benchmarks
+    from gptcore.export.model_files import read_model_files
+    from tasks.tracking.models.model_uri import model_files_of
+
+    chosen = tuple(task.strip() for task in tasks.split(",") if task.strip())
+    if not chosen:
+        raise ConfigError(f"--tasks {tasks!r}: name at least one task (hellaswag, arc_easy, ...)")
+    if include_path is not None and not include_path.is_dir():
+        raise ConfigError(f"--include-path {include_path}: not a folder of task YAML files")
+    _, params = resolve_params(params_file, iteration, [])
+    request = BenchmarkRequest(chosen, include_path, limit, num_fewshot, batch_size)
+    with tempfile.TemporaryDirectory(prefix="gptpipe-benchmark-") as scratch:
+        files = model_files_of(model, params.tracking, into=Path(scratch))
+        if files.method != "fp32":
+            raise ConfigError(f"--model {model}: a {files.method} model; the harness scores the fp32 one")
+        trained = read_model_files(files.weights, files.config)
+        figures = run_benchmarks(trained, files.tokenizer, request)
+    print(json.dumps({"model": model, "tasks": figures, "lm_eval": version("lm_eval")}))
+
+
 def merge_command(
     checkpoint_directory: Path | None = typer.Option(
         None, "--checkpoint-directory", help="a LoRA fine-tune's checkpoint folder"
@@ -150,7 +189,8 @@ def serve_command(
 
 def _served_files(model: str, params_file: Path | None, iteration: int | None, scratch: Path) -> ModelFiles:
     """The model files `--model` names: a local folder's, or a logged model's downloaded into `scratch`."""
-    from gptcore.serving.served import check_files, model_files_at
+    from gptcore.export.model_files import model_files_at
+    from gptcore.serving.served import check_files
     from tasks.tracking.models.model_uri import model_files_of
 
     if Path(model).is_dir():

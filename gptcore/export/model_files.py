@@ -100,6 +100,12 @@ def model_files_in(folder: Path) -> ModelFiles:
     return ModelFiles(weights, folder / CONFIG, folder / TOKENIZER, named)
 
 
+def model_files_at(folder: Path) -> ModelFiles:
+    """The model files of a local folder: model files, or an MLflow model folder (`artifacts/`)."""
+    folder = Path(folder)
+    return model_files_in(folder / "artifacts" if (folder / "artifacts").is_dir() else folder)
+
+
 def quantization_method(quantization: Path | None) -> str:
     """The method a `quantization.json` names; fp32 without one."""
     if quantization is None:

@@ -8,7 +8,6 @@ import json
 import pickle
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gptcore.data.config import TokenizerConfig
@@ -76,10 +75,3 @@ def load_served(files: ModelFiles, name: str, device: str = "cpu") -> ServedMode
         raise DataError(f"--model {name}: {files.tokenizer.name} is not a loadable tokenizer") from None
     end_of_text = tokenizer.token_to_id(TokenizerConfig().end_of_text)
     return ServedModel(name, model, tokenizer, files.method, end_of_text)
-
-
-def model_files_at(folder: Path) -> ModelFiles:
-    """The model files of a local folder: model files, or an MLflow model folder (`artifacts/`)."""
-    from gptcore.export.model_files import model_files_in
-
-    return model_files_in(folder / "artifacts" if (folder / "artifacts").is_dir() else folder)

@@ -89,18 +89,23 @@ def model_files_of(uri: str, config: Any = None, into: Path | None = None) -> An
         return hf_model_files(
             uri, Path(into) if into is not None else Path(tempfile.mkdtemp(prefix="gptpipe-hf-"))
         )
+    if Path(uri).is_dir():  # a folder here (model files, or an MLflow model's): its files as they are
+        from gptcore.export.model_files import model_files_at
+
+        return _gptpipe_files(model_files_at(Path(uri)), uri)
     location, target = locate(uri, config)
     try:
         where = str(into) if into is not None else None
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=where)) / "artifacts"
     except (MlflowException, OSError, ValueError) as error:
         raise _not_found(uri, target, error) from None
-    files = model_files_in(local)
+    return _gptpipe_files(model_files_in(local), uri)
+
+
+def _gptpipe_files(files: Any, uri: str) -> Any:
     missing = [path.name for path in (files.weights, files.config, files.tokenizer) if not path.is_file()]
     if missing:
-        raise ModelNotFound(
-            f"--model {uri}: not a gptpipe model (no {', '.join(missing)} among its artifacts)"
-        )
+        raise ModelNotFound(f"--model {uri}: not a gptpipe model (no {', '.join(missing)} among its artifacts)")
     return files
 
 
