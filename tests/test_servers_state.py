@@ -16,10 +16,11 @@ import pytest
 from flows.servers.team import ServerSettings, Stack, check_state_folder, private_file, secret
 from gptcore.errors import ConfigError
 
+AS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not AS_ROOT, reason="making a file another user's needs root")
+
 
 def other_user() -> pwd.struct_passwd:
-    if os.geteuid() != 0:
-        pytest.skip("making a file another user's needs root")
     return pwd.getpwnam("nobody")
 
 
@@ -32,7 +33,7 @@ def test_a_secret_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path
     assert target.read_text() == "not a secret"
 
 
-def test_a_secret_others_may_read_or_another_users_is_refused(tmp_path: Path) -> None:
+def test_a_secret_others_may_read_is_refused_and_a_new_one_is_made_private(tmp_path: Path) -> None:
     loose = tmp_path / "mlflow-admin.password"
     loose.write_text("hunter2")
     loose.chmod(0o644)
@@ -40,29 +41,37 @@ def test_a_secret_others_may_read_or_another_users_is_refused(tmp_path: Path) ->
         ConfigError, match=r"mlflow-admin.password: a secret of user \d+ with mode 644; it must"
     ):
         secret(loose)
+    made = secret(tmp_path / "new.secret")
+    assert made and (tmp_path / "new.secret").stat().st_mode & 0o777 == 0o600
+
+
+@needs_root
+def test_another_users_secret_is_refused(tmp_path: Path) -> None:
     theirs = tmp_path / "prefect-auth.secret"
     theirs.write_text("hunter2")
     theirs.chmod(0o600)
     os.chown(theirs, other_user().pw_uid, -1)
     with pytest.raises(ConfigError, match=r"prefect-auth.secret: a secret of user \d+ with mode 600"):
         secret(theirs)
-    made = secret(tmp_path / "new.secret")
-    assert made and (tmp_path / "new.secret").stat().st_mode & 0o777 == 0o600
 
 
-def test_a_state_folder_others_may_write_to_or_not_this_users_is_refused(tmp_path: Path) -> None:
+def test_a_state_folder_others_may_write_to_is_refused_and_a_new_one_is_private(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(ConfigError, match=r"--state shared: owned by user \d+ with mode 777; it must be"):
         check_state_folder(shared, Path("shared"))
+    check_state_folder(tmp_path / "fresh", Path("fresh"))
+    assert (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
+
+
+@needs_root
+def test_a_state_folder_of_another_user_is_refused(tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
     os.chown(theirs, other_user().pw_uid, -1)
     with pytest.raises(ConfigError, match=r"--state theirs: owned by user"):
         check_state_folder(theirs, Path("theirs"))
-    check_state_folder(tmp_path / "fresh", Path("fresh"))
-    assert (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
 
 
 def test_the_initdb_password_never_follows_a_planted_link(tmp_path: Path) -> None:
@@ -72,7 +81,7 @@ def test_the_initdb_password_never_follows_a_planted_link(tmp_path: Path) -> Non
     target.write_text("keep")
     before = target.stat()
     (tmp_path / "initdb.password").symlink_to(target)
-    private_file(tmp_path / "initdb.password", "s3cret", owner="nobody" if os.geteuid() == 0 else None)
+    private_file(tmp_path / "initdb.password", "s3cret", owner="nobody" if AS_ROOT else None)
     made = tmp_path / "initdb.password"
     assert not made.is_symlink() and made.read_text() == "s3cret" and made.stat().st_mode & 0o777 == 0o600
     assert target.read_text() == "keep" and (target.stat().st_uid, target.stat().st_mode) == (
