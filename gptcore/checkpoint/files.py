@@ -306,10 +306,9 @@ def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
-    if verify:
-        expected = checkpoint_metadata(path).get("sha256")
-        if expected != sha256_file(path):
-            raise CheckpointError(f"{path}: checkpoint is corrupted (content sha256 differs from its record)")
+    problem = damage(path) if verify else None
+    if problem is not None:
+        raise CheckpointError(problem)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many kinds for a damaged file

@@ -38,6 +38,10 @@ class ModelFiles:
         """The quantization the weights went through (`gptcore.model.quantization.METHODS`)."""
         return quantization_method(self.quantization)
 
+    def missing(self) -> list[str]:
+        """The names of the files a model needs that are not there (weights, config, tokenizer)."""
+        return [path.name for path in (self.weights, self.config, self.tokenizer) if not path.is_file()]
+
     def as_dict(self) -> dict[str, str]:
         files = {"weights": self.weights, "config": self.config, "tokenizer": self.tokenizer}
         if self.quantization is not None:

@@ -37,9 +37,10 @@ class ServedModel:
 def check_files(files: ModelFiles, source: str) -> None:
     """Model files a gptpipe server reads: weights as tensors, settings as JSON; anything else is refused
     in one line naming `source` before a byte of it is loaded."""
-    missing = [path.name for path in (files.weights, files.config, files.tokenizer) if not path.is_file()]
-    if missing:
-        raise ConfigError(f"--model {source}: not a gptpipe model (no {', '.join(missing)} among its files)")
+    if files.missing():
+        raise ConfigError(
+            f"--model {source}: not a gptpipe model (no {', '.join(files.missing())} among its files)"
+        )
     if files.weights.suffix not in (".safetensors", ".pt"):
         raise ConfigError(f"--model {source}: weights {files.weights.name} are not safetensors or tensors")
     try:

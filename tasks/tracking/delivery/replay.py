@@ -108,12 +108,14 @@ def _groups(outbox: Outbox) -> Iterator[tuple[list[dict[str, Any]], int]]:
 def _deliver(client: Any, group: list[dict[str, Any]], progress: Progress, report: WriterReport) -> str:
     """Send one group: `sent`, `skipped`, `refused` (kept) or `away` (the store did not answer)."""
     first = group[0]
-    problem = None if all(verified(record) or record["op"] not in READS_FILES for record in group) else (
-        "not signed by this user's gptpipe, and it reads a local file: refused unread"
-    )  # fmt: skip
+    if not all(verified(record) or record["op"] not in READS_FILES for record in group):
+        return _refuse(
+            group,
+            "not signed by this user's gptpipe, and it reads a local file: refused unread",
+            progress,
+            report,
+        )
     for attempt in range(RETRIES):
-        if problem is not None:
-            break
         try:
             result = _send(client, group, progress)
         except (NotAModel, FileNotFoundError) as error:  # the record's file, not the store: never sendable
@@ -121,8 +123,7 @@ def _deliver(client: Any, group: list[dict[str, Any]], progress: Progress, repor
             return "skipped"
         except Exception as error:  # the store may fail in any way
             if not is_outage(error):
-                problem = reason(error)
-                break
+                return _refuse(group, reason(error), progress, report)
             report.count(failed_calls=1, last_error=f"{first['op']}: {reason(error)}")
             if attempt + 1 == RETRIES:
                 return "away"
@@ -132,8 +133,13 @@ def _deliver(client: Any, group: list[dict[str, Any]], progress: Progress, repor
             progress.ids[first["run"]] = result
         report.count(delivered_late=len(group), sent_metrics=len(group) if first["op"] == "metric" else 0)
         return "sent"
+    return "away"
+
+
+def _refuse(group: list[dict[str, Any]], problem: str, progress: Progress, report: WriterReport) -> str:
+    """The store (or the signature) refused the group: kept, with why, for the outbox and the report."""
     progress.refused += [{"record": record, "reason": problem} for record in group]
-    report.count(given_up_calls=1, last_error=f"{first['op']}: {problem}")
+    report.count(given_up_calls=1, last_error=f"{group[0]['op']}: {problem}")
     return "refused"
 
 

@@ -103,9 +103,8 @@ def model_files_of(uri: str, config: Any = None, into: Path | None = None) -> An
 
 
 def _gptpipe_files(files: Any, uri: str) -> Any:
-    missing = [path.name for path in (files.weights, files.config, files.tokenizer) if not path.is_file()]
-    if missing:
-        named = ", ".join(missing)
+    if files.missing():
+        named = ", ".join(files.missing())
         raise ModelNotFound(f"--model {uri}: not a gptpipe model (no {named} among its artifacts)")
     return files
 
