@@ -195,5 +195,6 @@ def test_gptpipe_run_stopped_by_sigterm_mid_training_leaves_no_process_behind(tm
         wait_for(lambda: not alive(tree), CEILING, "the temporary Prefect server stopped")
         assert process.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
         assert "Traceback" not in log.read_text()
+        assert (Path(env["PREFECT_HOME"]) / "temporary-server.log").is_file()  # the server's own output
     finally:
         stop_process_group(process, grace_seconds=5)

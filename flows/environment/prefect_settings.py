@@ -104,6 +104,7 @@ class TemporaryServer:
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self.api_url: str | None = None
+        self.log: Path | None = None
 
     def start(self) -> None:
         if os.environ.get("PREFECT_API_URL"):
@@ -119,7 +120,14 @@ class TemporaryServer:
         command = [sys.executable, "-m", "flows.environment.prefect_server"]
         command += ["--factory", "prefect.server.api.server:create_app"]
         command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
-        self.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        # Its output goes to a log of its own, not the person's terminal: a server stopped mid-request at
+        # exit (Ctrl-C, SIGTERM) says so with SQLAlchemy's tracebacks, which are about its teardown alone.
+        self.log = Path(os.environ.get("PREFECT_HOME", ".prefect")).expanduser() / "temporary-server.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as output:
+            self.process = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output
+            )
         atexit.register(self.stop)
         self.api_url = f"http://127.0.0.1:{port}/api"
         os.environ["PREFECT_API_URL"] = self.api_url
@@ -134,14 +142,20 @@ class TemporaryServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the temporary Prefect server exited with code {self.process.returncode}")
+                code = self.process.returncode
+                raise RuntimeError(
+                    f"the temporary Prefect server exited with code {code} (its log: {self.log})"
+                )
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
                         return
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"the temporary Prefect server did not answer within {self.startup_timeout:.0f} s")
+        waited = f"{self.startup_timeout:.0f} s"
+        raise RuntimeError(
+            f"the temporary Prefect server did not answer within {waited} (its log: {self.log})"
+        )
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
