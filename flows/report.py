@@ -124,11 +124,17 @@ HEADLINE = {
 
 
 def headline_figures(report: dict[str, Any]) -> dict[str, float]:
-    """The headline figures of a report (`PipelineReport.to_dict()`) that its stages produced."""
+    """The headline figures of a report (`PipelineReport.to_dict()`) that its stages produced: HEADLINE's,
+    and the evaluate stage's benchmark metrics (`hellaswag/acc_norm`; not their stderr or sample count)."""
+    from gptcore.eval.benchmarks import is_headline
+
     found: dict[str, float] = {}
     for stage in report.get("stages", []):
-        for name in HEADLINE.get(stage.get("name"), ()):
-            value = stage.get("figures", {}).get(name)
+        figures = stage.get("figures", {})
+        scored = stage.get("name") == "evaluate"
+        benchmarks = [name for name in figures if is_headline(name)] if scored else []
+        for name in [*HEADLINE.get(stage.get("name"), ()), *benchmarks]:
+            value = figures.get(name)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 found[name] = float(value)
     return found

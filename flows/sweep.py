@@ -21,7 +21,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.trials import TableRun, TrialResult, run_trial, sweep_table
+from flows.trials import TableRun, TrialResult, benchmark_columns, run_trial, sweep_table
 from tasks.params.sweep import Trial
 
 TABLE_ARTIFACT = "sweep.json"
@@ -68,7 +68,8 @@ def sweep(
     finally:
         _close_sweep_run(session, parent, results)
     failed = [result for result in results if result.state != "completed"]
-    summary = {"sweep_run_id": parent, "trials": [result.row() for result in results]}
+    columns = benchmark_columns(results)
+    summary = {"sweep_run_id": parent, "trials": [result.row(columns) for result in results]}
     if failed:
         summary["failed"] = [result.trial.name for result in failed]
     return summary
@@ -113,6 +114,6 @@ def _open_sweep_run(params: Any, trials: list[Trial], settings: Any) -> tuple[An
 def _close_sweep_run(session: Any, parent: str | None, results: list[TrialResult]) -> None:
     """The table printed, on the sweep's run (`log_table`, `sweep.md`) and as a Prefect table artifact."""
     done = all(result.state == "completed" for result in results)
-    rows = [result.row() for result in results]
+    rows = [result.row(benchmark_columns(results)) for result in results]
     where = TableRun(session, parent, "Sweep", TABLE_ARTIFACT, "gptpipe-sweep")
     where.publish(rows, sweep_table(results), done, "the sweep's trials and their figures")

@@ -28,11 +28,12 @@ class TrialResult:
     seconds: float = 0.0
     message: str = ""
 
-    def row(self) -> dict[str, Any]:
+    def row(self, benchmarks: list[str] | None = None) -> dict[str, Any]:
+        """The trial's line of the table: FIGURES, then the `benchmarks` figures (`<task>/<metric>`)."""
         return {
             "trial": self.trial.name,
             "overrides": self.trial.describe(),
-            **{key: self.figures.get(key) for key in FIGURES},
+            **{key: self.figures.get(key) for key in [*FIGURES, *(benchmarks or [])]},
             "state": self.state,
             "seconds": round(self.seconds, 1),
             "message": self.message,
@@ -82,13 +83,22 @@ def run_trial(
     return result
 
 
+def benchmark_columns(results: list[TrialResult]) -> list[str]:
+    """The benchmark figures any trial scored (`evaluate.benchmarks`), in a stable order."""
+    from gptcore.eval.benchmarks import is_headline
+
+    return sorted({name for result in results for name in result.figures if is_headline(name)})
+
+
 def sweep_table(results: list[TrialResult]) -> str:
-    header = ["trial", "overrides", "test bits/byte", "val loss", "tokens/s", "state", "seconds"]
+    benchmarks = benchmark_columns(results)
+    header = ["trial", "overrides", "test bits/byte", "val loss", "tokens/s", *benchmarks, "state", "seconds"]
     rows = []
     for result in results:
-        row = result.row()
+        row = result.row(benchmarks)
         state = row["state"] + (f": {row['message']}" if row["message"] else "")
-        rows.append([row["trial"], row["overrides"], *(row[key] for key in FIGURES), state, row["seconds"]])
+        figures = [row[key] for key in [*FIGURES, *benchmarks]]
+        rows.append([row["trial"], row["overrides"], *figures, state, row["seconds"]])
     return table(header, rows)
 
 

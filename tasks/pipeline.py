@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gptcore.eval.benchmarks import BenchmarkScores
 from tasks.caching import StageOutcome, run_cached
 from tasks.params.schema import PipelineParams
 from tasks.results import (
@@ -185,7 +186,11 @@ def evaluate(
     bits = outcome.figures.get("test_bits_per_byte")
     if bits is not None:
         name = registered_name(params)
-        registration = tracking.register_evaluated(name, checkpoint, read.digest, bits, lineage)
+        gate = evaluate_stage.benchmark_gate(params, outcome.result)
+        benchmarks = BenchmarkScores.from_dict(outcome.result.benchmarks).figures()
+        registration = tracking.register_evaluated(
+            name, checkpoint, read.digest, bits, lineage, benchmarks, gate
+        )
         if registration is not None:
             figures = {**outcome.figures, **registration.figures()}
             outcome.result = outcome.result.model_copy(update={"figures": figures})

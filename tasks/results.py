@@ -105,6 +105,7 @@ class MergeResult(CheckpointsResult):
 class EvaluateResult(StageResult):
     checkpoint: str  # the checkpoint evaluated
     evaluation: dict[str, Any]  # gptcore.eval.held_out.HeldOutRecord.to_dict(): figures and samples
+    benchmarks: dict[str, Any] = {}  # gptcore.eval.benchmarks.BenchmarkScores.to_dict() (none: empty)
 
 
 class ExportResult(StageResult):

@@ -4,9 +4,11 @@ The figures are the harness's own: the same as the harness run by hand on the mo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -99,3 +101,157 @@ def test_limit_scores_the_first_examples_and_an_unknown_task_is_one_line(
     code, _, err = benchmark(capsys, "--model", str(model_folder), *tasks)
     assert code == 2 and "--tasks no_such_task: not a task lm-evaluation-harness knows" in err
     assert err.strip().count("\n") == 0
+
+
+# --- in the pipeline: evaluate.benchmarks ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_evaluate_stage_scores_the_listed_benchmarks_logs_and_tags_them_and_caches_on_their_files(
+    tmp_path: Path, prefect_env: dict[str, str]
+) -> None:
+    import shutil
+
+    from mlflow import MlflowClient
+    from test_pipeline import gptpipe, newest_run, stages_of, states, write_corpus, write_params
+
+    tasks = shutil.copytree(TASKS, tmp_path / "tasks")
+    write_corpus(tmp_path, seed=3)
+    params = write_params(tmp_path)
+    params.write_text(
+        params.read_text()
+        + f"evaluate: {{benchmarks: [{{task: code_choice, limit: 4}}, {{task: code_continuation}}], "
+        f'benchmark_include_path: "{tasks}", benchmark_gate: code_choice/acc}}\n'
+    )
+    first = gptpipe(prefect_env, "--params", str(params), "--until", "evaluate")
+    figures = stages_of(first)["evaluate"]["figures"]
+    assert figures["code_choice/samples"] == 4 and 0 <= figures["code_choice/acc"] <= 1
+    assert figures["code_continuation/samples"] == 6 and figures["code_continuation/perplexity"] > 1
+    assert "code_choice/acc_stderr" in figures and figures["alias"] == "champion"
+    assert figures["benchmark_gate"].startswith("passed: code_choice/acc")
+    assert "evaluate: benchmarks (lm-evaluation-harness): code_choice/acc" in first.stderr
+
+    logged = newest_run(prefect_env, "evaluate").data.metrics
+    assert logged["code_choice/acc"] == figures["code_choice/acc"] and logged["code_choice/samples"] == 4
+    client = MlflowClient(tracking_uri=prefect_env["MLFLOW_TRACKING_URI"])
+    version = client.get_model_version("gptpipe-iteration-1", figures["model_version"])
+    assert float(version.tags["code_continuation/perplexity"]) == figures["code_continuation/perplexity"]
+    pipeline_run = client.get_run(newest_run(prefect_env, "evaluate").data.tags["mlflow.parentRunId"])
+    assert "code_choice/acc" in pipeline_run.data.metrics  # a headline figure: sweeps and compare show it
+    assert "code_choice/acc_stderr" not in pipeline_run.data.metrics
+
+    again = gptpipe(prefect_env, "--params", str(params), "--until", "evaluate")
+    assert states(again)["evaluate"] == "cached"
+    task = tasks / "code_choice.yaml"
+    task.write_text(task.read_text() + "# edited: the task's files changed, so its scores may have\n")
+    changed = gptpipe(prefect_env, "--params", str(params), "--until", "evaluate")
+    assert states(changed)["full"] == "cached" and states(changed)["evaluate"] == "completed"
+
+
+# --- evaluate.benchmark_gate: the champion rule's second condition ----------------------------------------
+
+
+def registered(client: Any, experiment: str, bits: float, scores: dict[str, float], gate: Any) -> Any:
+    """A checkpoint registered through `registry.register` with its benchmark figures and the gate."""
+    from tasks.tracking.models import registry
+
+    run = client.create_run(experiment).info.run_id
+    model = client.create_logged_model(experiment, source_run_id=run, name="evaluated")
+    digest = hashlib.sha256(f"{bits} {sorted(scores.items())}".encode()).hexdigest()  # a checkpoint's
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(registry, "evaluated_model", lambda *_: model)
+        return registry.register(
+            client, experiment, run, "gated", Path("x.pt"), bits, digest, None, scores, gate
+        )
+
+
+def test_a_version_better_in_bits_but_regressed_on_the_gated_benchmark_never_takes_champion(
+    tmp_path: Path,
+) -> None:
+    from mlflow import MlflowClient
+    from tracking_support import fresh_store
+
+    from tasks.tracking.models.gate import BenchmarkGate
+
+    client = MlflowClient(tracking_uri=fresh_store(tmp_path))
+    experiment = client.create_experiment("gate")
+    first = registered(
+        client, experiment, 2.0, {"code_choice/acc": 0.75}, BenchmarkGate("code_choice/acc", 0.75, True)
+    )
+    assert first.alias == "champion" and first.benchmark_gate.startswith("passed")
+    worse_on_the_task = registered(
+        client, experiment, 1.8, {"code_choice/acc": 0.5}, BenchmarkGate("code_choice/acc", 0.5, True)
+    )
+    assert worse_on_the_task.alias == "challenger"
+    assert "code_choice/acc 0.5 regressed from champion version 1's 0.75" in worse_on_the_task.benchmark_gate
+    tags = client.get_model_version("gated", worse_on_the_task.model_version).tags
+    assert tags["may_hold_champion"] == "false" and tags["code_choice/acc"] == "0.5"
+    as_good = registered(
+        client, experiment, 1.9, {"code_choice/acc": 0.75}, BenchmarkGate("code_choice/acc", 0.75, True)
+    )
+    assert as_good.alias == "champion"  # no regression: the better bits per byte win
+    assert str(client.get_model_version_by_alias("gated", "champion").version) == as_good.model_version
+
+
+def test_the_gate_reads_lower_as_better_where_the_task_says_so_and_passes_a_champion_never_scored() -> None:
+    from types import SimpleNamespace
+
+    from tasks.tracking.models.gate import BenchmarkGate
+
+    champion = SimpleNamespace(version="3", tags={"code_continuation/perplexity": "40.0"})
+    assert BenchmarkGate("code_continuation/perplexity", 39.0, False).refusal(champion) is None
+    assert "regressed" in BenchmarkGate("code_continuation/perplexity", 41.0, False).refusal(champion)
+    unscored = SimpleNamespace(version="1", tags={})
+    assert (
+        BenchmarkGate("code_choice/acc", 0.1, True)
+        .verdict(unscored)
+        .startswith("passed: code_choice/acc 0.1 against no champion scored on it")
+    )
+
+
+def test_a_gate_naming_a_metric_the_task_did_not_give_is_one_line_naming_those_it_did() -> None:
+    from gptcore.errors import ConfigError
+    from tasks.params.schema import PipelineParams
+    from tasks.results import EvaluateResult
+    from tasks.stages.evaluate import benchmark_gate
+
+    params = PipelineParams.model_validate(
+        {
+            "iteration": 1,
+            "model": {
+                "name": "tiny",
+                "architecture": {"n_layer": 1, "n_head": 1, "n_embd": 16, "block_size": 8, "vocab_size": 300},
+                "cpu": {"batch_size": 2},
+                "gpu": {"batch_size": 2},
+            },
+            "tokenizer": {"vocab_size": 300},
+            "evaluate": {"benchmarks": [{"task": "code_choice"}], "benchmark_gate": "code_choice/f1"},
+        }
+    )
+    scores = {"tasks": {"code_choice": {"acc": 0.5, "acc_norm": 0.5}}, "higher_is_better": {}}
+    result = EvaluateResult(fingerprint="f", checkpoint="c", evaluation={}, benchmarks=scores)
+    with pytest.raises(
+        ConfigError,
+        match=r"benchmark_gate code_choice/f1: code_choice gave no f1 \(its figures: acc, acc_norm\)",
+    ):
+        benchmark_gate(params, result)
+
+
+def test_the_sweep_table_and_a_comparison_show_each_benchmark_scored_beside_the_headline_figures() -> None:
+    from flows.report import headline_figures
+    from flows.trials import TrialResult, sweep_table
+    from gptcore.eval.comparison import comparison_table
+    from tasks.params.sweep import Trial
+
+    scored = {"code_choice/acc": 0.75, "code_choice/acc_stderr": 0.2, "code_choice/samples": 8.0}
+    evaluate = {"name": "evaluate", "figures": {"test_bits_per_byte": 2.1, **scored}}
+    figures = headline_figures({"stages": [evaluate]})
+    assert figures == {"test_bits_per_byte": 2.1, "code_choice/acc": 0.75}  # no stderr, no sample count
+    with_scores = TrialResult(Trial(1, {"full.max_steps": 10}), "completed", figures)
+    unscored = TrialResult(Trial(2, {"full.max_steps": 20}), "failed", {})
+    header, _, first, second = sweep_table([with_scores, unscored]).splitlines()[:4]
+    assert "code_choice/acc" in header and "0.75" in first and "code_choice" not in second
+
+    runs = [{"run_id": f"run{n}", "params": {}, "metrics": {"code_choice/acc": n / 4}} for n in (2, 3)]
+    rows = {line.split("|")[1].strip(): line for line in comparison_table("precision", runs).splitlines()}
+    assert "0.5" in rows["code_choice/acc"] and "1.5" in rows["code_choice/acc"]  # both, and the ratio

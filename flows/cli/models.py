@@ -78,15 +78,14 @@ def benchmark_command(
     from importlib.metadata import version
 
     from gptcore.errors import ConfigError
-    from gptcore.eval.benchmarks import BenchmarkRequest, run_benchmarks
+    from gptcore.eval.benchmarks import BenchmarkRequest, check_folder, run_benchmarks
     from gptcore.export.model_files import read_model_files
     from tasks.tracking.models.model_uri import model_files_of
 
     chosen = tuple(task.strip() for task in tasks.split(",") if task.strip())
     if not chosen:
         raise ConfigError(f"--tasks {tasks!r}: name at least one task (hellaswag, arc_easy, ...)")
-    if include_path is not None and not include_path.is_dir():
-        raise ConfigError(f"--include-path {include_path}: not a folder of task YAML files")
+    check_folder(include_path)
     _, params = resolve_params(params_file, iteration, [])
     request = BenchmarkRequest(chosen, include_path, limit, num_fewshot, batch_size)
     with tempfile.TemporaryDirectory(prefix="gptpipe-benchmark-") as scratch:
@@ -94,8 +93,8 @@ def benchmark_command(
         if files.method != "fp32":
             raise ConfigError(f"--model {model}: a {files.method} model; the harness scores the fp32 one")
         trained = read_model_files(files.weights, files.config)
-        figures = run_benchmarks(trained, files.tokenizer, request)
-    print(json.dumps({"model": model, "tasks": figures, "lm_eval": version("lm_eval")}))
+        scores = run_benchmarks(trained, files.tokenizer, [request])
+    print(json.dumps({"model": model, "tasks": scores.tasks, "lm_eval": version("lm_eval")}))
 
 
 def merge_command(

@@ -25,7 +25,10 @@ def run(
     choice("--until", until, STAGES)
     json_lines_only(json_only)
     params_path, checked = resolve_params(params, iteration, overrides)  # checked before anything starts
+    if checked.evaluate.benchmarks and STAGES.index(until) >= STAGES.index("evaluate"):
+        from gptcore.eval.benchmarks import check_benchmarks
 
+        check_benchmarks(checked.evaluate)  # the harness and every task there, before training
     _start_prefect(checked)
     from flows.pipeline import end_to_end
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptcore.errors import ConfigError, GptpipeError
+from gptcore.eval.benchmarks import is_headline
 from gptcore.tools.markdown import table
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
@@ -113,7 +114,8 @@ def comparison_table(axis: str, runs: list[dict[str, Any]]) -> str:
     """Markdown: one row per figure, one column per run, and the second run's ratio to the first."""
     header = [f"figure ({axis})", *(_column(r, axis) for r in runs), "ratio"]
     rows = []
-    for figure in FIGURES:
+    benchmarks = sorted({name for run in runs for name in run["metrics"] if is_headline(name)})
+    for figure in [*FIGURES, *benchmarks]:  # a pipeline run's benchmark scores too (`<task>/<metric>`)
         values = [r["metrics"].get(figure) for r in runs]
         ratio = values[1] / values[0] if None not in values and values[0] else None
         rows.append([figure, *values, ratio])

@@ -1,11 +1,12 @@
 """What an evaluation of a trained model measures: the held-out figures and samples
-(`gptcore.eval.held_out`), and the quantization trade-off (`gptcore.eval.quant_tradeoff`)."""
+(`gptcore.eval.held_out`), the standard benchmarks (`gptcore.eval.benchmarks`), and the quantization
+trade-off (`gptcore.eval.quant_tradeoff`)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gptcore.tools.strict import Strict
 
@@ -13,8 +14,20 @@ from gptcore.tools.strict import Strict
 QuantizationMethod = Literal["fp32", "bf16", "int8-weight-only", "int8-dynamic", "int4-weight-only"]
 
 
+class BenchmarkTask(Strict):
+    """One lm-evaluation-harness task the evaluate stage scores the model on (`gptcore.eval.benchmarks`)."""
+
+    task: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}$",
+        description="the harness's task name (hellaswag, arc_easy, ...) or one in benchmark_include_path",
+    )
+    limit: int | None = Field(default=None, ge=1, description="its first N examples only (None: all)")
+    num_fewshot: int | None = Field(default=None, ge=0, description="examples per prompt (None: the task's)")
+
+
 class EvaluateConfig(Strict):
-    """The held-out evaluation of a trained model: which checkpoint, and the samples it draws."""
+    """The held-out evaluation of a trained model: which checkpoint, the samples it draws, and the
+    standard benchmarks it is scored on."""
 
     checkpoint: Literal["best", "final"] = Field(
         default="best", description="the checkpoint evaluated (best: lowest validation loss)"
@@ -29,6 +42,31 @@ class EvaluateConfig(Strict):
     max_tokens: int | None = Field(
         default=None, ge=1, description="evaluate the test stream's first N tokens only (None: all)"
     )
+    benchmarks: list[BenchmarkTask] = Field(
+        default_factory=list, description="lm-evaluation-harness tasks scored on the model (empty: none)"
+    )
+    benchmark_include_path: str | None = Field(
+        default=None, description="a folder of tasks in the harness's YAML format, data files beside them"
+    )
+    benchmark_gate: str | None = Field(
+        default=None,
+        pattern=r"^[^/]+/[^/]+$",
+        description="<task>/<metric> of a listed benchmark: a version whose figure regressed against the "
+        "champion's may not take @champion",
+    )
+
+    @model_validator(mode="after")
+    def _gate_names_a_listed_task(self) -> EvaluateConfig:
+        tasks = [benchmark.task for benchmark in self.benchmarks]
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"benchmarks: a task is listed twice ({', '.join(tasks)}): list each once")
+        if self.benchmark_gate is not None and self.benchmark_gate.split("/")[0] not in tasks:
+            listed = ", ".join(tasks) or "none"
+            raise ValueError(
+                f"benchmark_gate {self.benchmark_gate}: its task is not in benchmarks (listed: {listed}); "
+                "name <task>/<metric> of a listed task"
+            )
+        return self
 
 
 class QuantizeConfig(Strict):

@@ -1,11 +1,13 @@
-"""The evaluate stage: the full run's chosen checkpoint measured on the held-out test split, and its
-samples; cached on the checkpoint's content hash, the test token file's and the settings."""
+"""The evaluate stage: the full run's chosen checkpoint measured on the held-out test split, its samples,
+and its scores on the standard benchmarks the parameter file lists (lm-evaluation-harness); cached on the
+checkpoint's content hash, the test token file's, the settings and the benchmark tasks' own files."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gptcore.errors import CheckpointError
+from gptcore.errors import CheckpointError, ConfigError
 from gptcore.tools.atomic import write_json_atomic, write_text_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
 from tasks.caching import stage_task
@@ -13,8 +15,13 @@ from tasks.params.schema import PipelineParams
 from tasks.results import CheckpointsResult, EvaluateResult, TokensResult, file_record
 from tasks.stages.training import announce, run_directory
 
+if TYPE_CHECKING:
+    from gptcore.eval.benchmarks import BenchmarkScores
+    from tasks.tracking.models.gate import BenchmarkGate
+
 EVALUATION_FILE = "evaluation.json"
 SAMPLES_FILE = "samples.md"
+BENCHMARKS_FILE = "benchmarks.json"
 _FIGURES = (
     "test_loss",
     "test_perplexity",
@@ -80,7 +87,21 @@ def evaluate_fingerprint(params: PipelineParams, tokens: TokensResult, digest: s
         params.evaluate.model_dump(),
         device,
         code,
+        *benchmark_identity(params),
     )
+
+
+def benchmark_identity(params: PipelineParams) -> tuple[str, ...]:
+    """What the benchmarks' scores depend on besides the model: the harness's version and the files of
+    the tasks' own folder (a changed YAML or data file scores anew). Nothing when none is listed."""
+    if not params.evaluate.benchmarks:
+        return ()
+    from importlib.metadata import version
+
+    from gptcore.eval.benchmarks import task_files_digest
+
+    include = params.evaluate.benchmark_include_path
+    return (version("lm_eval"), task_files_digest(Path(include)) if include else "")
 
 
 @stage_task("evaluate")
@@ -101,11 +122,16 @@ def evaluate_task(
             params.evaluate,
             device,
         )
+        scores = _benchmarks(params, Path(checkpoint), Path(tokens.tokenizer_path), device)
     folder = run_directory(params, "evaluate", fingerprint)
     folder.mkdir(parents=True, exist_ok=True)
     evaluation = write_json_atomic(folder / EVALUATION_FILE, record.to_dict())
     samples = write_text_atomic(folder / SAMPLES_FILE, record.samples_markdown())
+    written = [evaluation, samples]
+    if scores is not None:
+        written.append(write_json_atomic(folder / BENCHMARKS_FILE, scores.to_dict()))
     figures = {name: getattr(record, name) for name in _FIGURES}
+    figures.update(scores.figures() if scores is not None else {})
     if record.samples:
         first = record.samples[0]
         figures["sample"] = " ".join(f"{first.prompt}⟶{first.greedy}".split())[:160]
@@ -118,7 +144,44 @@ def evaluate_task(
         fingerprint=fingerprint,
         checkpoint=checkpoint,
         evaluation=record.to_dict(),
-        files=file_record(evaluation, samples),
-        outputs=[str(evaluation), str(samples)],
+        benchmarks=scores.to_dict() if scores is not None else {},
+        files=file_record(*written),
+        outputs=[str(path) for path in written],
         figures=figures,
     )
+
+
+def benchmark_gate(params: PipelineParams, result: EvaluateResult) -> BenchmarkGate | None:
+    """`evaluate.benchmark_gate` with this evaluation's figure (None: no gate); a figure the task did not
+    produce is a ConfigError naming those it did."""
+    figure = params.evaluate.benchmark_gate
+    if figure is None:
+        return None
+    from gptcore.eval.benchmarks import BenchmarkScores
+    from tasks.tracking.models.gate import BenchmarkGate
+
+    scores = BenchmarkScores.from_dict(result.benchmarks)
+    task, _, metric = figure.partition("/")
+    if figure not in scores.figures():
+        produced = ", ".join(scores.tasks.get(task, {})) or "none"
+        raise ConfigError(
+            f"evaluate.benchmark_gate {figure}: {task} gave no {metric} (its figures: {produced}); "
+            f"name one of them as {task}/<metric>"
+        )
+    return BenchmarkGate(figure, scores.figures()[figure], scores.better_when_higher(figure))
+
+
+def _benchmarks(
+    params: PipelineParams, checkpoint: Path, tokenizer: Path, device: str
+) -> BenchmarkScores | None:
+    """The checkpoint scored on `evaluate.benchmarks` by lm-evaluation-harness (None: none listed)."""
+    if not params.evaluate.benchmarks:
+        return None
+    from gptcore.checkpoint.load import load_model
+    from gptcore.eval.benchmarks import is_headline, requests_for, run_benchmarks
+
+    model, _ = load_model(checkpoint)
+    scores = run_benchmarks(model, tokenizer, requests_for(params.evaluate, device))
+    shown = ", ".join(f"{name} {value:.4g}" for name, value in scores.figures().items() if is_headline(name))
+    announce(f"evaluate: benchmarks (lm-evaluation-harness): {shown}")
+    return scores

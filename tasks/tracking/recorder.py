@@ -168,11 +168,19 @@ class PipelineRecorder:
             self.writer.log_model(run_id, self.session.experiment_id, path, path.stem, {"stage": stage})
 
     def register_evaluated(
-        self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float, lineage: dict | None = None
+        self,
+        name: str,
+        checkpoint: Path,
+        digest: str,
+        test_bits_per_byte: float,
+        lineage: dict | None = None,
+        benchmarks: dict[str, float] | None = None,
+        gate: Any = None,
     ) -> Any:
         """The evaluated checkpoint registered as a version of `name`, champion or challenger
-        (`tasks.tracking.models.registry`), a fine-tune's tagged with its `lineage`; None when the store
-        did not answer."""
+        (`tasks.tracking.models.registry`), a fine-tune's tagged with its `lineage`, every version with
+        its `benchmarks` figures, held back by the benchmark `gate` if given; None when the store did not
+        answer."""
         from tasks.tracking.models.registry import register
 
         run_id = self._created_run("evaluate")
@@ -180,7 +188,7 @@ class PipelineRecorder:
             return None
         client, experiment = self.session.client, self.session.experiment_id
         arguments = (client, experiment, run_id, name, checkpoint, test_bits_per_byte, digest, lineage)
-        return self.writer.ask("register", register, *arguments)
+        return self.writer.ask("register", register, *arguments, benchmarks, gate)
 
     def record_quantized(
         self, name: str, result: Any, digest: str, may_hold_champion: bool

@@ -227,6 +227,44 @@ PARAM_FILE_CASES = [
         "p.yaml: corpus: source 'local' needs corpus.paths",
         {"p.yaml": changed("corpus.source", "local")},
     ),
+    Case(
+        "benchmark-gate-of-an-unlisted-task",
+        run("p.yaml"),
+        "p.yaml: evaluate: benchmark_gate hellaswag/acc_norm: its task is not in benchmarks (listed: "
+        "code_choice); name <task>/<metric> of a listed task",
+        {
+            "p.yaml": changed(
+                "evaluate", {"benchmarks": [{"task": "code_choice"}], "benchmark_gate": "hellaswag/acc_norm"}
+            )
+        },
+    ),
+    Case(
+        "benchmark-listed-twice",
+        run("p.yaml"),
+        "p.yaml: evaluate: benchmarks: a task is listed twice (piqa, piqa): list each once",
+        {"p.yaml": changed("evaluate", {"benchmarks": [{"task": "piqa"}, {"task": "piqa", "limit": 5}]})},
+    ),
+    Case(
+        "benchmark-tasks-folder-missing",
+        run("p.yaml"),
+        "evaluate.benchmark_include_path my-tasks: not a folder of task YAML files",
+        {
+            "p.yaml": changed(
+                "evaluate", {"benchmarks": [{"task": "mine"}], "benchmark_include_path": "my-tasks"}
+            )
+        },
+    ),
+    Case(
+        "benchmark-the-harness-does-not-know",
+        run("p.yaml"),
+        "evaluate.benchmarks my_task: not a task lm-evaluation-harness knows nor in my-tasks",
+        {
+            "p.yaml": changed(
+                "evaluate", {"benchmarks": [{"task": "my_task"}], "benchmark_include_path": "my-tasks"}
+            ),
+            "my-tasks/other.yaml": "task: other\ndataset_path: json\noutput_type: loglikelihood\n",
+        },
+    ),
 ]
 
 SMOKE_LOGS_ONE = (

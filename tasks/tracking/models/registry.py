@@ -9,6 +9,9 @@ decision and both figures are tags of the version.
 The quantize stage's models are versions too, tagged `quantization=<method>` and
 `source_checkpoint_sha256`, each with the alias of its method (`@int8-weight-only`); `champion` stays on
 the floating-point model unless `quantize.may_hold_champion` lets a quantized one win it.
+
+A version's benchmark figures (`<task>/<metric>`, lm-evaluation-harness's) are tags of it; with
+`evaluate.benchmark_gate` one of them must not regress for it to take `champion` (`gate.BenchmarkGate`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tasks.tracking.models.gate import PASSED, BenchmarkGate
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -36,13 +41,16 @@ class Registration:
     alias: str  # champion, challenger, or a quantized version's method
     test_bits_per_byte: float
     champion_test_bits_per_byte: float | None  # the champion's before this decision (None: there was none)
+    benchmark_gate: str | None = None  # the gate's verdict (None: no gate)
 
     def figures(self) -> dict[str, Any]:
+        gate = {"benchmark_gate": self.benchmark_gate} if self.benchmark_gate is not None else {}
         return {
             "registered_model": self.registered_model,
             "model_version": self.model_version,
             "alias": self.alias,
             "previous_champion_test_bits_per_byte": self.champion_test_bits_per_byte,
+            **gate,
         }
 
 
@@ -78,9 +86,12 @@ def register(
     test_bits_per_byte: float,
     digest: str | None = None,
     lineage: dict[str, str] | None = None,
+    benchmarks: dict[str, float] | None = None,
+    gate: BenchmarkGate | None = None,
 ) -> Registration:
     """Register `checkpoint` (its sha256 `digest`, computed when not given) as a version of `name`; a
-    fine-tune's `lineage` (its base model, the adapters' settings) tags the version."""
+    fine-tune's `lineage` (its base model, the adapters' settings) and the `benchmarks` figures
+    (`<task>/<metric>`) tag the version; a `gate` the benchmark figure holds back from `champion`."""
     from gptcore.tools.fingerprint import sha256_file
 
     digest = digest or sha256_file(checkpoint)
@@ -88,8 +99,14 @@ def register(
     identity = {"checkpoint_sha256": digest}
     version = _version_of(client, name, identity)
     version = version or _new_version(client, name, model, identity, test_bits_per_byte, lineage=lineage)
-    alias, best = _decide(client, name, version, test_bits_per_byte, may_win=True, otherwise=CHALLENGER)
-    return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best)
+    for figure, value in (benchmarks or {}).items():  # also on a version found: scored since, perhaps
+        client.set_model_version_tag(name, version.version, figure, str(value))
+    verdict = gate.verdict(_champion(client, name)) if gate is not None else None
+    if verdict is not None:
+        client.set_model_version_tag(name, version.version, "benchmark_gate", verdict)
+    may_win = verdict is None or verdict.startswith(PASSED)
+    alias, best = _decide(client, name, version, test_bits_per_byte, may_win, otherwise=CHALLENGER)
+    return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best, verdict)
 
 
 def register_quantized(
