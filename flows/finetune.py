@@ -1,4 +1,5 @@
-"""The fine-tune flows: a trained model adapted to new text, LoRA and full fine-tuning side by side.
+"""The fine-tune flows: a trained model adapted to new text, LoRA and full fine-tuning side by side (and
+QLoRA beside both when it is the method asked for).
 
 `finetune_method` is one method's pipeline: base model → token files of the new corpus (with the base's
 tokenizer) → device check → smoke → fine-tune → merge (LoRA's adapters folded into the weights: what
@@ -84,7 +85,7 @@ def finetune_method(
 
 @flow(name="finetune", log_prints=False, validate_parameters=True)
 def finetune(params_path: str, overrides: list[str] | None = None) -> dict:
-    """Each method the parameter file asks for (`finetune.method`, and the other with `compare`) on the
+    """Each method the parameter file asks for (`finetune.method`, and the others with `compare`) on the
     same data and steps, as child runs of one comparison run; their table printed and recorded."""
     hide_user_error_tracebacks()
     overrides = list(overrides or [])
@@ -109,9 +110,7 @@ def finetune(params_path: str, overrides: list[str] | None = None) -> dict:
         rows = [{**result.row(), "champion": result.row()["model_version"] == champion} for result in results]
         title = f"Fine-tune {params.finetune.name}: {' against '.join(methods)}"
         where = TableRun(session, parent, title, COMPARISON_FILE, f"gptpipe-finetune-{params.finetune.name}")
-        where.publish(
-            rows, comparison_table(rows), done, "LoRA against full fine-tuning, same data and steps"
-        )
+        where.publish(rows, comparison_table(rows), done, f"{' against '.join(methods)}, same data and steps")
     summary: dict[str, Any] = {"comparison_run_id": parent, "methods": {r.method: r.row() for r in results}}
     if not done:
         summary["failed"] = [result.method for result in results if not result.completed]
@@ -129,10 +128,11 @@ def lineage_tags(params: PipelineParams, base: Any) -> dict[str, str]:
     """What a fine-tuned version's tags say of where it came from: the base (URI, registered name and
     version, its weights' sha256) and how it was adapted."""
     tune = params.finetune
-    tags = {**base.result.lineage, "base_weights_sha256": base.result.weights_sha256}
+    tags = dict(stages.lineage_of(base) or {})
     tags["finetune.name"], tags["finetune.method"] = tune.name, tune.method
-    if tune.method == "lora":
-        tags.update({f"lora.{key}": str(value) for key, value in tune.lora.model_dump().items()})
+    adapters = tune.adapters()  # LoRA's and QLoRA's settings (QLoRA's with lora.quantized_base)
+    if adapters is not None:
+        tags.update({f"lora.{key}": str(value) for key, value in adapters.model_dump().items()})
     return tags
 
 

@@ -1,5 +1,6 @@
 """The end-to-end flow: tokenizer → token files → device check → smoke training → full training →
-held-out evaluation → exports → quantization.
+held-out evaluation → exports → quantization. With `full.init_from` the tokenizer stage takes that
+model's tokenizer and training starts from its weights: continued pretraining.
 
 Each stage is a cached Prefect task in `tasks/`; this flow only composes them, records each stage's
 state, and publishes the run's summary (a markdown artifact and one final JSON line on stdout).
@@ -47,13 +48,19 @@ def end_to_end(
     report.links.update(tracking.links())
     try:
         tokenizer = report.stage("tokenizer", lambda: stages.tokenizer(params, tracking))
-        tokens = report.stage("tokens", lambda: stages.tokens(params, tokenizer.result, tracking))
-        device = report.stage("device", lambda: stages.device(params, tracking))
-        smoke = report.stage("smoke", lambda: stages.smoke(params, tokens, device, tracking))
-        full = report.stage("full", lambda: stages.full(params, tokens, device, smoke, tracking))
-        evaluate = report.stage("evaluate", lambda: stages.evaluate(params, tokens, device, full, tracking))
-        report.stage("export", lambda: stages.export(params, tokens, full, evaluate, tracking))
-        report.stage("quantize", lambda: stages.quantize(params, tokens, device, full, evaluate, tracking))
+        started = stages.with_base(params, tokenizer)  # full.init_from: training starts from its weights
+        lineage = stages.lineage_of(tokenizer)
+        tokens = report.stage(
+            "tokens", lambda: stages.tokens(started, stages.tokenizer_of(tokenizer), tracking)
+        )
+        device = report.stage("device", lambda: stages.device(started, tracking))
+        smoke = report.stage("smoke", lambda: stages.smoke(started, tokens, device, tracking))
+        full = report.stage("full", lambda: stages.full(started, tokens, device, smoke, tracking))
+        evaluate = report.stage(
+            "evaluate", lambda: stages.evaluate(started, tokens, device, full, tracking, lineage)
+        )
+        report.stage("export", lambda: stages.export(started, tokens, full, evaluate, tracking))
+        report.stage("quantize", lambda: stages.quantize(started, tokens, device, full, evaluate, tracking))
     finally:
         report.close(tracking, key=f"gptpipe-iteration-{params.iteration}-summary")
     return report.to_dict()

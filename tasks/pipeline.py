@@ -16,6 +16,7 @@ from gptcore.eval.benchmarks import BenchmarkScores
 from tasks.caching import StageOutcome, run_cached
 from tasks.params.schema import PipelineParams
 from tasks.results import (
+    BaseResult,
     BeforeAfterResult,
     EvaluateResult,
     ExportResult,
@@ -31,6 +32,7 @@ from tasks.stages import evaluate as evaluate_stage
 from tasks.stages import export as export_stage
 from tasks.stages import finetune as finetune_stage
 from tasks.stages import quantize as quantize_stage
+from tasks.stages import start_model
 from tasks.stages import training as training_stages
 from tasks.stages.device import device_task
 from tasks.tracking import PipelineRecorder
@@ -42,6 +44,9 @@ def data_root(params: PipelineParams) -> str:
 
 
 def tokenizer(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
+    """The tokenizer trained on the corpus; with `full.init_from`, that model's instead (`base`)."""
+    if params.full.init_from is not None:
+        return base(params, tracking, name="tokenizer")
     corpus_fp, fingerprint = data_stages.tokenizer_stage_fingerprint(
         params.corpus, params.tokenizer, Path(data_root(params))
     )
@@ -241,19 +246,43 @@ def quantize(
     return outcome
 
 
-def base(params: PipelineParams, tracking: PipelineRecorder) -> StageOutcome:
-    """A fine-tune's base model, resolved and checked (every time: an alias may have moved)."""
+def base(params: PipelineParams, tracking: PipelineRecorder, name: str = "base") -> StageOutcome:
+    """The model training starts from, resolved and checked (every time: an alias may have moved): a
+    fine-tune's base, or (as the `tokenizer` stage) a continued pretraining's `full.init_from`."""
     started = time.perf_counter()
-    result = finetune_stage.resolve_base(params)
-    outcome = StageOutcome("base", "completed", result, round(time.perf_counter() - started, 3))
+    if params.finetune is not None:
+        result = finetune_stage.resolve_base(params)
+    else:
+        result = start_model.resolve_start(params, start_model.start_model(params))
+        training_stages.announce(
+            f"{name}: {result.uri}'s tokenizer encodes the corpus; training starts from its weights"
+        )
+    outcome = StageOutcome(name, "completed", result, round(time.perf_counter() - started, 3))
     tracking.record_stage(outcome)
     return outcome
 
 
 def with_base(params: PipelineParams, base: StageOutcome) -> PipelineParams:
-    """The parameters with `finetune.weights` set to the base's kept model files: what training loads."""
-    tune = params.finetune.model_copy(update={"weights": base.result.folder})
-    return params.model_copy(update={"finetune": tune})
+    """The parameters with the start model's kept files as what training loads (a BaseResult's; another
+    stage's result, a trained tokenizer's: unchanged)."""
+    if not isinstance(base.result, BaseResult):
+        return params
+    return start_model.started_from(params, base.result)
+
+
+def lineage_of(stage: StageOutcome) -> dict[str, str] | None:
+    """What a version trained from a start model says of it in its tags: the model (URI, registered name
+    and version or source, its weights' sha256); None for a run from random weights."""
+    result = stage.result
+    if not isinstance(result, BaseResult):
+        return None
+    return {**result.lineage, "base_weights_sha256": result.weights_sha256}
+
+
+def tokenizer_of(stage: StageOutcome) -> TokenizerResult:
+    """The tokenizer the tokens stage encodes with: trained by the stage, or the start model's."""
+    result = stage.result
+    return result.tokenizer_result() if isinstance(result, BaseResult) else result
 
 
 def before_after(

@@ -9,7 +9,7 @@ import typer
 
 from flows.cli.options import json_lines_only, resolve_params
 from tasks.params.loading import choice
-from tasks.params.schema import STAGES
+from tasks.params.schema import STAGES, PipelineParams
 
 
 def run(
@@ -29,6 +29,8 @@ def run(
         from gptcore.eval.benchmarks import check_benchmarks
 
         check_benchmarks(checked.evaluate)  # the harness and every task there, before training
+    if checked.full.init_from is not None:
+        _check_start(checked)
     _start_prefect(checked)
     from flows.pipeline import end_to_end
 
@@ -104,6 +106,16 @@ def finetune_command(
     print(json.dumps(summary, default=str), flush=True)
     if summary.get("failed"):
         raise typer.Exit(1)
+
+
+def _check_start(checked: PipelineParams) -> None:
+    """`full.init_from`'s model fetched and checked (architecture, tokenizer) before anything starts."""
+    import tempfile
+
+    from tasks.stages.start_model import check_start, start_model
+
+    with tempfile.TemporaryDirectory(prefix="gptpipe-start-") as scratch:
+        check_start(checked, start_model(checked), Path(scratch))
 
 
 def _start_prefect(checked: object) -> None:

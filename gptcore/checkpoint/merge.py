@@ -5,6 +5,11 @@ exactly; nothing else reads them. `merge_checkpoint` folds the adapters into the
 (W + B·A·alpha/r) and writes a plain checkpoint of the base's shape, which every reader (evaluation,
 generation, model files, export, quantization) takes like any other; `write_adapter` keeps the adapters
 alone beside it, a small file that reproduces the fine-tune on the base.
+
+A QLoRA run's checkpoints hold its base's adapted layers quantized (gptcore.finetune.qlora). Its
+adapters were trained against the dequantized weights Ŵ, not the base's own W, so they merge into Ŵ
+(Ŵ + B·A·alpha/r): the merged model, a plain fp32 one, computes what the adapted model computed, which
+the base's W plus the adapters would not.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ from typing import Any
 
 from gptcore.checkpoint import files as ckpt
 from gptcore.errors import CheckpointError
-from gptcore.finetune.config import LoRAConfig
-from gptcore.finetune.lora import adapter_weights, apply_lora, merge_lora
-from gptcore.finetune.start import lora_of
+from gptcore.finetune.config import LoRAConfig, QLoRAConfig
+from gptcore.finetune.lora import adapter_weights, merge_lora
+from gptcore.finetune.start import adapt, lora_of
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 
@@ -35,7 +40,7 @@ def merge_checkpoint(checkpoint: Path, folder: Path) -> Path:
     record = ckpt.checkpoint_metadata(checkpoint)
     settings = adapters_of(checkpoint, record)
     model = GPT(ModelConfig.model_validate(record["model_config"]))
-    apply_lora(model, settings)
+    adapt(model, settings)  # QLoRA: quantized layers of the right shapes, which the load fills in
     model.load_state_dict(ckpt.load_checkpoint(checkpoint)["model"])
     merge_lora(model)
     config = {key: value for key, value in record.get("config", {}).items() if not key.startswith("lora.")}
@@ -48,7 +53,9 @@ def merge_checkpoint(checkpoint: Path, folder: Path) -> Path:
 
 def write_adapter(checkpoint: Path, folder: Path) -> Path:
     """The adapted `checkpoint`'s adapters alone (`adapter.safetensors`) and their settings
-    (`adapter_config.json`: r, alpha, dropout, targets, the base's weights sha256) in `folder`."""
+    (`adapter_config.json`: the method, r, alpha, dropout, targets, for QLoRA the quantized base's
+    format, the base's weights sha256) in `folder`. A QLoRA adapter reproduces the fine-tune on the base
+    quantized the same way (`gptcore.finetune.start.adapt`)."""
     from safetensors.torch import save_file
 
     record = ckpt.checkpoint_metadata(checkpoint)
@@ -56,7 +63,12 @@ def write_adapter(checkpoint: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     adapter = adapter_weights(ckpt.load_checkpoint(checkpoint)["model"])
     save_file({name: tensor.contiguous() for name, tensor in adapter.items()}, str(folder / ADAPTER))
-    described = {**settings.model_dump(), "base_weights_sha256": record["config"].get("init.weights_sha256")}
+    method = "qlora" if isinstance(settings, QLoRAConfig) else "lora"
+    described = {
+        "method": method,
+        **settings.model_dump(),
+        "base_weights_sha256": record["config"].get("init.weights_sha256"),
+    }
     (folder / ADAPTER_CONFIG).write_text(json.dumps(described, indent=2), encoding="utf-8")
     return folder / ADAPTER
 

@@ -1,8 +1,8 @@
-"""Low-rank adapters (`gptcore.finetune.lora`): which layers, what rank, what scale."""
+"""Low-rank adapters (`gptcore.finetune.lora`): which layers, what rank, what scale; QLoRA's base."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -23,3 +23,26 @@ class LoRAConfig(Strict):
     targets: list[LoRATarget] = Field(
         default=["attn.c_attn", "attn.c_proj"], min_length=1, description="the layers adapted in every block"
     )
+
+
+# The torchao formats a QLoRA base may be held in: int8 weight-only alone. The adapters' gradients flow
+# back through the frozen base, and torch 2.13 has no backward for torchao's int4 weight-only CPU kernel
+# (`_weight_int4pack_mm_for_cpu`).
+QuantizedBase = Literal["int8-weight-only"]
+
+
+class QLoRAConfig(LoRAConfig):
+    """QLoRA: the same adapters, over a frozen base whose adapted layers' weights are held quantized
+    (gptcore.finetune.qlora); the adapters and their optimizer state stay in full precision."""
+
+    quantized_base: QuantizedBase = Field(
+        default="int8-weight-only",
+        description="the torchao weight-only format the adapted layers' frozen weights are held in",
+    )
+
+
+def adapter_settings(data: dict[str, Any]) -> LoRAConfig:
+    """LoRA or QLoRA settings from their dump (a job file, a checkpoint's identity): QLoRA's name the
+    format of their quantized base."""
+    kind = QLoRAConfig if "quantized_base" in data else LoRAConfig
+    return kind.model_validate(data)

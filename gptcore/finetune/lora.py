@@ -18,6 +18,7 @@ from torch import nn
 
 from gptcore.errors import ConfigError
 from gptcore.finetune.config import LoRAConfig
+from gptcore.finetune.qlora import dense_weight
 from gptcore.model.config import ModelConfig
 
 
@@ -28,8 +29,10 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base = base.requires_grad_(False)  # the base weights: frozen, shared, never copied
         self.r, self.scale = r, alpha / r
-        self.lora_a = nn.Parameter(base.weight.new_empty(r, base.in_features))
-        self.lora_b = nn.Parameter(base.weight.new_zeros(base.out_features, r))  # zero: starts at the base
+        # torch.empty, not new_empty: a QLoRA base's weight is a torchao tensor that has no new_empty.
+        like = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_a = nn.Parameter(torch.empty(r, base.in_features, **like))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, r, **like))  # zero: starts at the base
         nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))  # as nn.Linear initialises its weight
         self.dropout = nn.Dropout(dropout)
 
@@ -42,12 +45,13 @@ class LoRALinear(nn.Module):
         return (self.lora_b @ self.lora_a) * self.scale
 
     def merged(self) -> nn.Linear:
-        """A plain linear layer computing what this one does (without dropout): W + B·A·alpha/r."""
-        base = self.base
+        """A plain linear layer computing what this one does (without dropout): W + B·A·alpha/r. Over a
+        QLoRA base, W is the dequantized weight, the one the adapters were trained against."""
+        base, weight = self.base, dense_weight(self.base)
         layer = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
-        layer = layer.to(device=base.weight.device, dtype=base.weight.dtype)
+        layer = layer.to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            layer.weight.copy_(base.weight + self.delta().to(base.weight.dtype))
+            layer.weight.copy_(weight + self.delta().to(weight.dtype))
             if base.bias is not None:
                 layer.bias.copy_(base.bias)
         return layer

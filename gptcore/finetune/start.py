@@ -1,7 +1,8 @@
 """Where a fine-tuning run starts: a trained model's weights (model files, as `gptcore.export.model_files`
-writes them), and adapters on them when it trains with LoRA. The trainer calls `start_from` on the model
-it built from the job's config, before moving it to the device and making its optimizer, so the
-optimizer sees only what trains and a checkpoint holds the adapted model whole (exact resume)."""
+writes them), and adapters on them when it trains with LoRA (with QLoRA, over the adapted layers'
+weights quantized first). The trainer calls `start_from` on the model it built from the job's config,
+before moving it to the device and making its optimizer, so the optimizer sees only what trains and a
+checkpoint holds the adapted model whole (exact resume)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,32 @@ from typing import Any
 from torch import nn
 
 from gptcore.errors import ConfigError
-from gptcore.finetune.config import LoRAConfig
+from gptcore.finetune.config import LoRAConfig, QLoRAConfig, adapter_settings
 from gptcore.finetune.lora import apply_lora
+from gptcore.finetune.qlora import check_available, quantize_base
 from gptcore.model.config import ModelConfig
 from gptcore.tools.fingerprint import sha256_file
 
 
-def start_from(model: nn.Module, config: ModelConfig, weights: Path | None, lora: LoRAConfig | None) -> None:
+def start_from(
+    model: nn.Module, config: ModelConfig, weights: Path | None, lora: LoRAConfig | None, device: str = "cpu"
+) -> None:
     """Load `weights` (a model-files folder or its `model.safetensors`) into `model`, which must have
-    their shape; then adapt it with `lora` when given (everything but the adapters frozen)."""
+    their shape; then adapt it with `lora` when given (everything but the adapters frozen) for training
+    on `device`."""
     if weights is not None:
         load_weights(model, config, Path(weights))
     if lora is not None:
-        apply_lora(model, lora)
+        adapt(model, lora, device)
+
+
+def adapt(model: nn.Module, settings: LoRAConfig, device: str = "cpu") -> None:
+    """Put `settings`' adapters on `model`; for QLoRA, over the adapted layers' weights quantized (a
+    ConfigError first where torchao or `device` cannot)."""
+    if isinstance(settings, QLoRAConfig):
+        check_available(settings, device)
+        quantize_base(model, settings)
+    apply_lora(model, settings)
 
 
 def weights_file(weights: Path) -> Path:
@@ -62,13 +76,14 @@ def check_shape(config: ModelConfig, weights: Path, named: str | None = None) ->
             which = named or f"in {path.parent}"
             raise ConfigError(
                 f"model: the weights {which} are of another shape: {', '.join(differs)}; "
-                "fine-tune with the base model's architecture"
+                "set model to the architecture they were trained with"
             )
     return path
 
 
 def start_identity(weights: Path | None, lora: LoRAConfig | None) -> dict[str, Any]:
-    """What a resume must match of where the run started: the weights' hash and the adapters' settings."""
+    """What a resume must match of where the run started: the weights' hash and the adapters' settings
+    (QLoRA's with `lora.quantized_base`, so neither method resumes the other's run)."""
     identity: dict[str, Any] = {}
     if weights is not None:
         identity["init.weights_sha256"] = sha256_file(weights_file(Path(weights)))
@@ -82,4 +97,4 @@ def lora_of(identity: dict[str, Any]) -> LoRAConfig | None:
     settings = {
         key.removeprefix("lora."): value for key, value in identity.items() if key.startswith("lora.")
     }
-    return LoRAConfig.model_validate(settings) if settings else None
+    return adapter_settings(settings) if settings else None

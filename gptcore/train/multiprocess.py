@@ -20,7 +20,7 @@ import numpy as np
 
 from gptcore.data.tokenfile import TokenStream, open_tokens
 from gptcore.errors import GptpipeError
-from gptcore.finetune.config import LoRAConfig
+from gptcore.finetune.config import adapter_settings
 from gptcore.model.config import ModelConfig
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
@@ -120,7 +120,7 @@ def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
         extra_fingerprint=data["extra_fingerprint"],
         metadata=data["metadata"],
         init_weights=Path(data["init_weights"]) if data.get("init_weights") else None,
-        lora=LoRAConfig.model_validate(data["lora"]) if data.get("lora") else None,
+        lora=adapter_settings(data["lora"]) if data.get("lora") else None,
         world_size=world_size,
         rank=rank,
     )

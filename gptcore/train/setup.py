@@ -18,6 +18,7 @@ from gptcore.data.batches import ExampleSet, StepPlan, open_examples
 from gptcore.data.tokenfile import MANIFEST_SUFFIX, TokenStream, read_manifest
 from gptcore.distributed.group import agree_on_min, all_reduce_sum
 from gptcore.errors import ConfigError, DataError
+from gptcore.finetune.qlora import quantized_weights
 from gptcore.finetune.start import start_identity
 from gptcore.model.gpt import GPT, optimizer_groups
 from gptcore.runtime.batch_size import (
@@ -74,7 +75,9 @@ def data_parallel(
     if not torch.distributed.is_initialized():
         raise ConfigError(f"world size {job.world_size}: no process group; launch with --nproc (torchrun)")
     devices = [torch.cuda.current_device()] if runtime.device == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=devices)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    ddp._set_params_and_buffers_to_ignore_for_model(model, quantized_weights(model))  # QLoRA's base
+    return ddp(model, device_ids=devices)
 
 
 def make_optimizer(

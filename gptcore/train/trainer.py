@@ -84,7 +84,7 @@ class Trainer:
         seed_everything(t.seed)
         self.memory = TrainingMemory.before_model(runtime.device)
         self.model = GPT(job.model)
-        start_from(self.model, job.model, job.init_weights, job.lora)  # fine-tuning: weights, adapters
+        start_from(self.model, job.model, job.init_weights, job.lora, runtime.device)  # fine-tuning
         self.model.to(runtime.device)
         self.model.activation_checkpointing = runtime.activation_checkpointing
         snapshot = t.async_checkpoints and job.writes_checkpoints  # a background write copies the state

@@ -3,7 +3,6 @@ become the engine's settings."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from gptcore.distributed.torchrun import resolve_nproc
@@ -21,12 +20,16 @@ def full_world_size(params: PipelineParams) -> int:
 def train_job(params: PipelineParams, stage: TrainingStage = "full", **fields: Any) -> TrainJob:
     """A job for the `smoke` or `full` section of an iteration's parameters; a smoke job trains the full
     run's first steps (its optimizer, unless the smoke section names one, and schedule). A fine-tune's
-    job starts from the base's weights, with adapters for LoRA."""
+    job starts from the base's weights, with adapters for LoRA; a continued pretraining's from
+    `full.init_from`'s."""
     smoke = stage == "smoke"
     tune = params.finetune
-    if tune is not None and tune.weights is None:
-        raise ConfigError("finetune.weights: unset: `gptpipe finetune` resolves finetune.model to it")
-    start = {"init_weights": Path(tune.weights), "lora": tune.adapters()} if tune is not None else {}
+    weights = params.start_weights()
+    if params.start_model_key() is not None and weights is None:
+        raise ConfigError(
+            f"{params.start_model_key()}: not resolved to model files: the stage before training does it"
+        )
+    start = {"init_weights": weights, "lora": tune.adapters() if tune else None} if weights else {}
     return TrainJob(
         model=params.model.architecture,
         runtime=params.runtime,

@@ -4,13 +4,14 @@ evaluation) are its sections' types; this layer builds a run's from them (`tasks
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.eval.config import EvaluateConfig, QuantizeConfig
-from gptcore.finetune.config import LoRAConfig
+from gptcore.finetune.config import LoRAConfig, QLoRAConfig
 from gptcore.model.config import ModelConfig
 from gptcore.runtime.config import ConcreteDevice, DeviceDefaults, RuntimeConfig
 from gptcore.tools.strict import Strict
@@ -22,7 +23,9 @@ STAGES = ("tokenizer", "tokens", "device", "smoke", "full", "evaluate", "export"
 # `merge` (LoRA's adapters folded into the weights), and the before/after measurement on the new
 # corpus's test split and the base corpus's.
 FINETUNE_STAGES = ("base", "tokens", "device", "smoke", "finetune", "merge", "evaluate", "before-after")
-FinetuneMethod = Literal["lora", "full"]
+FinetuneMethod = Literal["qlora", "lora", "full"]
+# What `compare` trains beside each method: QLoRA against the two it trades memory with.
+_COMPARED: dict[str, list[FinetuneMethod]] = {"qlora": ["lora", "full"], "lora": ["full"], "full": ["lora"]}
 
 
 class ModelProfile(Strict):
@@ -79,9 +82,24 @@ class SmokeConfig(TrainingConfig):
 
 
 class FullTrainingConfig(TrainingConfig):
-    """The full training stage's run."""
+    """The full training stage's run, from random weights or, with `init_from`, from a model's
+    (continued pretraining: the smoke run starts there too, and the corpus is encoded with that model's
+    tokenizer instead of a trained one)."""
 
     require_cuda: bool = Field(default=False, description="stop before full training without CUDA")
+    init_from: str | None = Field(
+        default=None,
+        description="a model URI training starts from (models:/NAME@ALIAS, hf:<hub id or folder>, a "
+        "model-files folder); its tokenizer encodes the corpus. None: random initial weights",
+    )
+    init_weights: str | None = Field(
+        default=None, description="set by the tokenizer stage: init_from's model files, resolved"
+    )
+
+    def schedule_settings(self) -> dict[str, Any]:
+        """What decides the run's training, without where it starts (the start's identity is the weights'
+        sha256, `gptcore.finetune.start.start_identity`, not the URI or the folder that named them)."""
+        return self.model_dump(exclude={"init_from", "init_weights"})
 
 
 class FinetuneConfig(Strict):
@@ -97,11 +115,19 @@ class FinetuneConfig(Strict):
         description="the base: models:/NAME@ALIAS, models:/NAME/VERSION or a model-files folder "
         "(gptpipe finetune --model overrides it)"
     )
-    method: FinetuneMethod = Field(default="lora", description="lora (adapters alone train) or full")
-    compare: bool = Field(
-        default=True, description="also train the other method on the same data and steps, side by side"
+    method: FinetuneMethod = Field(
+        default="lora",
+        description="lora (adapters alone train), qlora (lora over the adapted layers' weights held in "
+        "int8) or full",
     )
-    lora: LoRAConfig = Field(default=LoRAConfig(), description="the adapters a LoRA fine-tune trains")
+    compare: bool = Field(
+        default=True,
+        description="also train the other methods on the same data and steps, side by side: lora and "
+        "full against each other, qlora against both",
+    )
+    lora: LoRAConfig = Field(
+        default=LoRAConfig(), description="the adapters a LoRA (or QLoRA) fine-tune trains"
+    )
     base_test_tokens: str | None = Field(
         default=None,
         description="the base corpus's test split (test.bin or its manifest), to measure what was "
@@ -112,12 +138,14 @@ class FinetuneConfig(Strict):
     )
 
     def methods(self) -> list[FinetuneMethod]:
-        """The methods a run trains: `method`, then the other one when `compare`."""
-        other: FinetuneMethod = "full" if self.method == "lora" else "lora"
-        return [self.method, other] if self.compare else [self.method]
+        """The methods a run trains: `method`, then the others it is compared with when `compare`."""
+        return [self.method, *_COMPARED[self.method]] if self.compare else [self.method]
 
     def adapters(self) -> LoRAConfig | None:
-        """The adapters the training puts on the base (None: every weight trains)."""
+        """The adapters the training puts on the base (QLoRA's over its quantized layers; None: every
+        weight trains)."""
+        if self.method == "qlora":
+            return QLoRAConfig(**self.lora.model_dump())
         return self.lora if self.method == "lora" else None
 
 
@@ -201,7 +229,7 @@ class PipelineParams(Strict):
 
     @model_validator(mode="after")
     def _tokenizer_fits_model(self) -> PipelineParams:
-        if self.finetune is None and self.tokenizer.vocab_size > self.model.architecture.vocab_size:
+        if self.start_model_key() is None and self.tokenizer.vocab_size > self.model.architecture.vocab_size:
             raise ValueError(
                 f"tokenizer.vocab_size {self.tokenizer.vocab_size} exceeds the model's vocabulary "
                 f"{self.model.architecture.vocab_size}"
@@ -210,12 +238,31 @@ class PipelineParams(Strict):
 
     @model_validator(mode="after")
     def _finetune_keeps_the_base_tokenizer(self) -> PipelineParams:
+        if self.finetune is not None and self.full.init_from is not None:
+            raise ValueError("full.init_from: a fine-tune starts from finetune.model; remove full.init_from")
         if self.finetune is not None and "tokenizer" in self.model_fields_set:
             raise ValueError(
                 "tokenizer: a fine-tune encodes its corpus with the base model's tokenizer, never a new "
                 "vocabulary: remove the tokenizer section"
             )
+        if self.full.init_from is not None and self.tokenizer.model_fields_set - {"end_of_text"}:
+            raise ValueError(
+                "tokenizer: full.init_from's model encodes the corpus with its own tokenizer, none is "
+                "trained: remove the tokenizer section (end_of_text alone may name its end-of-text token)"
+            )
         return self
+
+    def start_model_key(self) -> str | None:
+        """The key naming the model training starts from: finetune.model, full.init_from, or None."""
+        if self.finetune is not None:
+            return "finetune.model"
+        return "full.init_from" if self.full.init_from is not None else None
+
+    def start_weights(self) -> Path | None:
+        """The model files training loads first, as the stage before resolved them: a fine-tune's base
+        (`finetune.weights`), a continued pretraining's `full.init_weights`; None: random weights."""
+        weights = self.finetune.weights if self.finetune is not None else self.full.init_weights
+        return Path(weights) if weights else None
 
     def training_section(self, stage: TrainingStage) -> TrainingConfig:
         """The settings a stage trains with: the smoke section takes the full section's optimizer unless

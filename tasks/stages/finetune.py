@@ -1,85 +1,75 @@
 """A fine-tune's own stages (`flows.finetune`): its base model, and what the fine-tune learned and forgot.
 
-The base stage resolves `finetune.model` (a registered or logged model, or a model-files folder), keeps a
-copy of its files under `<data_root>/base-models/<weights sha256>` and checks them against the parameter
-file before anything trains: the architecture, the tokenizer (the new corpus is encoded with the base's,
-never a new one), the adapters' targets and rank. It runs every time (an alias may have moved); its copy
-is made once. The before/after stage measures the base and the fine-tuned model on the new corpus's test
+The base stage resolves `finetune.model` as any run's start model (`tasks.stages.start_model`: checked,
+kept, its tokenizer the run's), and checks the adapters' targets and rank (QLoRA's kernels too) before
+anything trains. The before/after stage measures the base and the fine-tuned model on the new corpus's test
 split and on the base corpus's, with the evaluate stage's settings: what was learned, what was forgotten.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from gptcore.errors import ConfigError
-from gptcore.tools.atomic import publish_directory, staging_directory, write_json_atomic
+from gptcore.tools.atomic import write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 from tasks.caching import stage_task
 from tasks.params.schema import FinetuneConfig, PipelineParams
 from tasks.results import BaseResult, BeforeAfterResult, FullResult, MergeResult, TokensResult, file_record
+from tasks.stages.start_model import StartModel, check_start, resolve_start
 from tasks.stages.training import announce, run_directory
 
-BASE_MODELS = "base-models"  # under paths.data_root
 BEFORE_AFTER_FILE = "before_after.json"
 
 
 def resolve_base(params: PipelineParams) -> BaseResult:
     """The base's files in place and checked (`check_base`), the new corpus's tokenizer manifest over
-    them, the base corpus's test split found."""
+    them (`tasks.stages.start_model`), the base corpus's test split found."""
     from gptcore.export.model_files import model_files_in
 
-    tune = params.finetune
+    check_methods(params)
+    base = resolve_start(params, _base_of(params))
     data_root = Path(params.paths.data_root).resolve()
-    with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
-        files, lineage = check_base(params, Path(scratch))
-        folder = _kept_copy(files, data_root / BASE_MODELS / sha256_file(files.weights)[:16])
-    kept = model_files_in(folder)
-    tokenizer, corpus = _base_tokenizer(params, kept.tokenizer, data_root)
-    return BaseResult(
-        fingerprint=None,  # never cached: a model URI may name another version tomorrow
-        uri=tune.model,
-        lineage=lineage,
-        folder=str(folder),
-        weights_sha256=sha256_file(kept.weights),
-        tokenizer=tokenizer,
-        base_test_tokens=_base_test_split(params, kept.tokenizer, data_root, corpus),
-        files=file_record(kept.weights, kept.config, kept.tokenizer),
-        outputs=[str(folder)],
-        figures={"base_model_uri": tune.model, **lineage},
+    tokenizer = model_files_in(Path(base.folder)).tokenizer
+    corpus = base.tokenizer["corpus_fingerprint"]
+    return base.model_copy(
+        update={"base_test_tokens": _base_test_split(params, tokenizer, data_root, corpus)}
     )
 
 
 def check_base(params: PipelineParams, scratch: Path) -> tuple[Any, dict[str, str]]:
-    """The base's files (downloaded into `scratch`) and lineage, when they fit the parameter file: fp32
-    weights of its architecture, a tokenizer within its vocabulary that knows the end-of-text token, the
-    adapters' targets and rank; a one-line error naming the key otherwise. Nothing is kept: `gptpipe
-    finetune` calls this before anything starts, the base stage before it copies."""
-    import tokenizers
+    """The base's files (downloaded into `scratch`) and lineage, when they fit the parameter file
+    (`start_model.check_start`) and the methods can train on it (`check_methods`); a one-line error naming
+    the key otherwise. Nothing is kept: `gptpipe finetune` calls this before anything starts."""
+    found = check_start(params, _base_of(params), scratch)
+    check_methods(params)
+    return found
 
-    from gptcore.data.tokenfile import check_tokenizer
+
+def check_methods(params: PipelineParams) -> None:
+    """The adapters' targets and rank on the base's architecture; QLoRA's kernels on the device."""
     from gptcore.finetune.lora import check_adapters
-    from gptcore.finetune.start import check_shape
-    from tasks.tracking.models.model_uri import base_model
 
     tune = finetune_section(params)
-    files, lineage = base_model(tune.model, params.tracking, scratch)
-    if files.quantization is not None:
-        raise ConfigError(
-            f"finetune.model {tune.model}: a {files.method} model; fine-tune an fp32 one (@champion)"
-        )
-    architecture = params.model.architecture
-    check_shape(architecture, files.weights, named=f"of {tune.model}")
-    check_tokenizer(files.tokenizer, architecture.vocab_size)
-    end_of_text = params.tokenizer.end_of_text
-    if tokenizers.Tokenizer.from_file(str(files.tokenizer)).token_to_id(end_of_text) is None:
-        raise ConfigError(f"finetune.model: the base's tokenizer has no end-of-text token {end_of_text!r}")
-    if "lora" in tune.methods():
-        check_adapters(architecture, tune.lora)
-    return files, lineage
+    if {"lora", "qlora"} & set(tune.methods()):
+        check_adapters(params.model.architecture, tune.lora)
+    if "qlora" in tune.methods():
+        check_quantized_base(params)
+
+
+def _base_of(params: PipelineParams) -> StartModel:
+    return StartModel(finetune_section(params).model, "finetune.model")
+
+
+def check_quantized_base(params: PipelineParams) -> None:
+    """QLoRA's quantized base, refused in one line where torchao or the run's device cannot hold it."""
+    from gptcore.finetune.config import QLoRAConfig
+    from gptcore.finetune.qlora import check_available
+    from gptcore.runtime.device import resolve_device
+
+    settings = QLoRAConfig(**finetune_section(params).lora.model_dump())
+    check_available(settings, resolve_device(params.runtime.device))
 
 
 def finetune_section(params: PipelineParams, source: str = "the parameter file") -> FinetuneConfig:
@@ -88,47 +78,6 @@ def finetune_section(params: PipelineParams, source: str = "the parameter file")
     if params.finetune is None:
         raise ConfigError(f"{source}: finetune: missing section: name the base model to fine-tune there")
     return params.finetune
-
-
-def _kept_copy(files: Any, folder: Path) -> Path:
-    """The base's weights, architecture and tokenizer copied to `folder` (once: named by the weights)."""
-    if (folder / files.weights.name).is_file():
-        return folder
-    with staging_directory(folder) as staging:
-        for path in (files.weights, files.config, files.tokenizer):
-            shutil.copyfile(path, staging / path.name)
-        publish_directory(staging, folder)
-    return folder
-
-
-def _base_tokenizer(params: PipelineParams, tokenizer: Path, data_root: Path) -> tuple[dict[str, Any], str]:
-    """The base's tokenizer as the tokens stage takes one (a tokenizer manifest over the new corpus), and
-    the new corpus's fingerprint."""
-    import tokenizers
-
-    from gptcore.data.tokenizer import TokenizerManifest
-    from tasks.stages.data import corpus_for
-
-    loaded = tokenizers.Tokenizer.from_file(str(tokenizer))  # checked by `check_base`
-    size, end_of_text = loaded.get_vocab_size(with_added_tokens=True), params.tokenizer.end_of_text
-    end_of_text_id = loaded.token_to_id(end_of_text)
-    corpus = corpus_for(params.corpus, data_root, fresh=True).fingerprint
-    digest = sha256_file(tokenizer)
-    manifest = TokenizerManifest(
-        fingerprint=f"base-{digest[:16]}",
-        corpus_fingerprint=corpus,  # the text encoded: the new corpus, with the base's vocabulary
-        path=str(tokenizer),
-        sha256=digest,
-        vocab_size=size,
-        requested_vocab_size=size,
-        min_frequency=0,
-        end_of_text=end_of_text,
-        end_of_text_id=end_of_text_id,
-        seconds=0.0,
-        tokenizers_version=tokenizers.__version__,
-        code_version="base-model",
-    )
-    return manifest.to_dict(), corpus
 
 
 def _base_test_split(params: PipelineParams, tokenizer: Path, data_root: Path, corpus: str) -> str | None:
@@ -154,15 +103,16 @@ def _base_test_split(params: PipelineParams, tokenizer: Path, data_root: Path, c
 def merge_fingerprint(params: PipelineParams, full: FullResult) -> str:
     import gptcore.checkpoint.merge
     import gptcore.finetune.lora
+    import gptcore.finetune.qlora
 
     tune = finetune_section(params)
-    code = code_version_of(gptcore.checkpoint.merge, gptcore.finetune.lora)
+    code = code_version_of(gptcore.checkpoint.merge, gptcore.finetune.lora, gptcore.finetune.qlora)
     return fingerprint("merge", full.files, tune.method, params.evaluate.checkpoint, code)
 
 
 @stage_task("merge")
 def merge_task(fingerprint: str, params: PipelineParams, full: FullResult) -> MergeResult:
-    """The fine-tune's checkpoints as plain models: a LoRA run's final and best merged into
+    """The fine-tune's checkpoints as plain models: a (Q)LoRA run's final and best merged into
     `<run>/merged`, and the evaluated one's adapters alone in `<run>/adapter`; a full fine-tune's
     checkpoints as they are (it trained the weights themselves)."""
     from gptcore.checkpoint.files import named_checkpoint

@@ -24,7 +24,7 @@ from gptcore.train.estimate import RunPlan, estimate_run
 from gptcore.train.records import StartupRecord, SummaryRecord
 from tasks.caching import stage_task
 from tasks.params.jobs import full_world_size
-from tasks.params.schema import PipelineParams, TrainingStage
+from tasks.params.schema import FullTrainingConfig, PipelineParams, TrainingStage
 from tasks.prefect_progress import PrefectProgress
 from tasks.results import DeviceResult, FullResult, SmokeResult, TokensResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge, memory_limit
@@ -94,20 +94,28 @@ def _training_fingerprint(
 
     runtime = {key: getattr(device.runtime, key) for key in _RUNTIME_KEYS}
     machine = {key: getattr(device.device, key) for key in ("device", "gpu_name", "torch_version")}
-    tune = params.finetune  # a fine-tune: the base's weights (by content) and the adapters' settings
-    start = start_identity(Path(tune.weights), tune.adapters()) if tune and tune.weights else None
+    # Where training starts: a fine-tune's base or init_from's model, by content, and the adapters' settings.
+    weights, tune = params.start_weights(), params.finetune
+    start = start_identity(weights, tune.adapters() if tune else None) if weights else None
     return fingerprint(
         stage,
         tokens.fingerprint,
         params.model.architecture.model_dump(),
         runtime,
         machine if stage == "smoke" else machine["device"],
-        params.training_section(stage).model_dump(),
-        schedule.model_dump() if schedule is not None else None,
+        _settings(params.training_section(stage)),
+        _settings(schedule) if schedule is not None else None,
         _training_code_version(),
         *([batch.batch_size, batch.grad_accum_steps] if batch else []),
         *([start] if start else []),  # absent for pretraining: its cached stages keep their keys
     )
+
+
+def _settings(section: TrainingConfig) -> dict:
+    """A section's settings as its fingerprint holds them: the full section's without where it starts."""
+    if isinstance(section, FullTrainingConfig):
+        return section.schedule_settings()
+    return section.model_dump()
 
 
 def smoke_fingerprint(params: PipelineParams, tokens: TokensResult, device: DeviceResult) -> str:

@@ -168,15 +168,9 @@ class PipelineRecorder:
             self.writer.log_model(run_id, self.session.experiment_id, path, path.stem, {"stage": stage})
 
     def register_evaluated(
-        self,
-        name: str,
-        checkpoint: Path,
-        digest: str,
-        test_bits_per_byte: float,
-        lineage: dict | None = None,
-        benchmarks: dict[str, float] | None = None,
-        gate: Any = None,
-    ) -> Any:
+        self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float,
+        lineage: dict | None = None, benchmarks: dict[str, float] | None = None, gate: Any = None,
+    ) -> Any:  # fmt: skip
         """The evaluated checkpoint registered as a version of `name`, champion or challenger
         (`tasks.tracking.models.registry`), a fine-tune's tagged with its `lineage`, every version with
         its `benchmarks` figures, held back by the benchmark `gate` if given; None when the store did not

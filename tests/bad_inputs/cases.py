@@ -103,8 +103,8 @@ PARAM_FILE_CASES = [
     Case(
         "finetune-unknown-method",
         finetune("p.yaml"),
-        "p.yaml: finetune.method: value 'qlora' is not allowed: Input should be 'lora' or 'full'",
-        {"p.yaml": changed("finetune.method", "qlora", FINETUNE)},
+        "p.yaml: finetune.method: value 'dora' is not allowed: Input should be 'qlora', 'lora' or 'full'",
+        {"p.yaml": changed("finetune.method", "dora", FINETUNE)},
     ),
     Case(
         "finetune-of-a-pretraining-file",
@@ -172,7 +172,7 @@ PARAM_FILE_CASES = [
     Case(
         "unknown-model-profile",
         run("p.yaml"),
-        "model profile 'gpt_9000' not found (known profiles: gpt_100m, gpt_42m, gpt_first_cpu)",
+        "model profile 'gpt_9000' not found (known profiles: gpt2_124m, gpt_100m, gpt_42m, gpt_first_cpu)",
         {"p.yaml": changed("model", "gpt_9000")},
     ),
     Case(
@@ -226,6 +226,30 @@ PARAM_FILE_CASES = [
         run("p.yaml"),
         "p.yaml: corpus: source 'local' needs corpus.paths",
         {"p.yaml": changed("corpus.source", "local")},
+    ),
+    Case(
+        "init-from-in-a-finetune",
+        finetune("p.yaml"),
+        "p.yaml: full.init_from: a fine-tune starts from finetune.model; remove full.init_from",
+        {"p.yaml": changed("full.init_from", "hf:gpt2", FINETUNE)},
+    ),
+    Case(
+        "init-from-with-a-tokenizer-to-train",
+        run("p.yaml"),
+        "p.yaml: tokenizer: full.init_from's model encodes the corpus with its own tokenizer, none is "
+        "trained",
+        {"p.yaml": changed("full.init_from", "hf:gpt2", TINY)},
+    ),
+    Case(
+        "init-from-no-model-there",
+        run("p.yaml"),
+        "full.init_from no-such-folder: no model there",
+        {
+            "p.yaml": changed(
+                "full.init_from", "no-such-folder", {k: v for k, v in TINY.items() if k != "tokenizer"}
+            )
+        },
+        exit_code=1,  # a model that is not there, as for --model
     ),
     Case(
         "benchmark-gate-of-an-unlisted-task",

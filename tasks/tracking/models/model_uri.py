@@ -141,23 +141,24 @@ def _hub_folder(repository: str, uri: str, into: Path) -> Path:
         ) from None
 
 
-def base_model(uri: str, config: Any, into: Path) -> tuple[Any, dict[str, str]]:
-    """The model files a fine-tune starts from (a registered or logged model's, downloaded into the
-    folder `into`; or a local model-files folder's) and its lineage: the URI and, for a registered one,
-    its name, version, logged model and run, as the fine-tuned versions' tags name them."""
+def base_model(uri: str, config: Any, into: Path, key: str = "finetune.model") -> tuple[Any, dict[str, str]]:
+    """The model files a run starts from (a registered or logged model's, downloaded into the folder
+    `into`; `hf:`; or a local model-files folder's) and its lineage: the URI and, for a registered one,
+    its name, version, logged model and run, as the trained versions' tags name them. Errors name `key`,
+    the parameter file's key that gave the URI (`--model` sets finetune.model too)."""
     from gptcore.export.model_files import model_files_in
 
     lineage = {"base_model_uri": uri}
-    if uri.startswith(HF):
-        return hf_model_files(uri, into), lineage
-    if not uri.startswith("models:/"):
+    if not uri.startswith(("models:/", HF)):
         if not (Path(uri) / "model_config.json").is_file():
-            raise ModelNotFound(f"finetune.model {uri}: no model there; expected {EXPECTED}")
+            raise ModelNotFound(f"{key} {uri}: no model there; expected {EXPECTED}")
         return model_files_in(Path(uri)), lineage
     try:
-        files = model_files_of(uri, config, into)
-    except ModelNotFound as error:  # named by the parameter file's key (`--model` sets it too)
-        raise ModelNotFound(str(error).replace("--model", "finetune.model", 1)) from None
+        files = hf_model_files(uri, into) if uri.startswith(HF) else model_files_of(uri, config, into)
+    except ModelNotFound as error:
+        raise ModelNotFound(str(error).replace("--model", key, 1)) from None
+    if uri.startswith(HF):
+        return files, lineage
     version = registered_version(connect(resolve_target(config)), uri)
     if version is not None:
         lineage.update(

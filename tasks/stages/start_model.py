@@ -1,0 +1,133 @@
+"""The model a run starts from: a fine-tune's base (`finetune.model`) or a continued pretraining's
+`full.init_from`. Either is a model URI (registered, logged, `hf:<hub id or folder>`, a model-files
+folder), resolved and checked against the parameter file before anything trains (fp32 weights of its
+architecture, a tokenizer within its vocabulary that knows the end-of-text token), kept once under
+`<data_root>/base-models/<weights sha256>`, and its tokenizer made the run's: the corpus is encoded with
+the model's own vocabulary, never a new one. Resolved every time (an alias may have moved); copied once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptcore.errors import ConfigError
+from gptcore.tools.atomic import publish_directory, staging_directory
+from gptcore.tools.fingerprint import sha256_file
+from tasks.params.schema import PipelineParams
+from tasks.results import BaseResult, file_record
+
+BASE_MODELS = "base-models"  # under paths.data_root
+
+
+@dataclass(frozen=True)
+class StartModel:
+    uri: str  # as the parameter file (or --model) gives it
+    key: str  # the key that names it, for errors: finetune.model or full.init_from
+
+
+def start_model(params: PipelineParams) -> StartModel | None:
+    """The model the parameter file's training starts from (None: random initial weights)."""
+    key = params.start_model_key()
+    if key is None:
+        return None
+    return StartModel(params.finetune.model if params.finetune else str(params.full.init_from), key)
+
+
+def check_start(params: PipelineParams, start: StartModel, scratch: Path) -> tuple[Any, dict[str, str]]:
+    """The model's files (downloaded into `scratch`) and lineage, when they fit the parameter file: fp32
+    weights of its architecture, a tokenizer within its vocabulary that knows the end-of-text token; a
+    one-line error naming `start.key` otherwise. Nothing is kept."""
+    import tokenizers
+
+    from gptcore.data.tokenfile import check_tokenizer
+    from gptcore.finetune.start import check_shape
+    from tasks.tracking.models.model_uri import base_model
+
+    files, lineage = base_model(start.uri, params.tracking, scratch, start.key)
+    if files.quantization is not None:
+        raise ConfigError(
+            f"{start.key} {start.uri}: a {files.method} model; start from an fp32 one (@champion)"
+        )
+    architecture = params.model.architecture
+    check_shape(architecture, files.weights, named=f"of {start.uri}")
+    check_tokenizer(files.tokenizer, architecture.vocab_size)
+    end_of_text = params.tokenizer.end_of_text
+    if tokenizers.Tokenizer.from_file(str(files.tokenizer)).token_to_id(end_of_text) is None:
+        raise ConfigError(f"{start.key}: the model's tokenizer has no end-of-text token {end_of_text!r}")
+    return files, lineage
+
+
+def resolve_start(params: PipelineParams, start: StartModel) -> BaseResult:
+    """The model's files in place and checked (`check_start`), and its tokenizer's manifest over the
+    parameter file's corpus, as the tokens stage takes a trained tokenizer's."""
+    from gptcore.export.model_files import model_files_in
+
+    data_root = Path(params.paths.data_root).resolve()
+    with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
+        files, lineage = check_start(params, start, Path(scratch))
+        folder = _kept_copy(files, data_root / BASE_MODELS / sha256_file(files.weights)[:16])
+    kept = model_files_in(folder)
+    return BaseResult(
+        fingerprint=None,  # never cached: a model URI may name another version tomorrow
+        uri=start.uri,
+        lineage=lineage,
+        folder=str(folder),
+        weights_sha256=sha256_file(kept.weights),
+        tokenizer=_tokenizer_manifest(params, kept.tokenizer, data_root),
+        files=file_record(kept.weights, kept.config, kept.tokenizer),
+        outputs=[str(folder)],
+        figures={"base_model_uri": start.uri, **lineage},
+    )
+
+
+def started_from(params: PipelineParams, base: BaseResult) -> PipelineParams:
+    """The parameters with the start model's kept files as the weights training loads (`finetune.weights`
+    for a fine-tune, `full.init_weights` for continued pretraining)."""
+    if params.finetune is not None:
+        return params.model_copy(
+            update={"finetune": params.finetune.model_copy(update={"weights": base.folder})}
+        )
+    return params.model_copy(update={"full": params.full.model_copy(update={"init_weights": base.folder})})
+
+
+def _kept_copy(files: Any, folder: Path) -> Path:
+    """The model's weights, architecture and tokenizer copied to `folder` (once: named by the weights)."""
+    if (folder / files.weights.name).is_file():
+        return folder
+    with staging_directory(folder) as staging:
+        for path in (files.weights, files.config, files.tokenizer):
+            shutil.copyfile(path, staging / path.name)
+        publish_directory(staging, folder)
+    return folder
+
+
+def _tokenizer_manifest(params: PipelineParams, tokenizer: Path, data_root: Path) -> dict[str, Any]:
+    """The model's tokenizer as the tokens stage takes one: a tokenizer manifest over the corpus."""
+    import tokenizers
+
+    from gptcore.data.tokenizer import TokenizerManifest
+    from tasks.stages.data import corpus_for
+
+    loaded = tokenizers.Tokenizer.from_file(str(tokenizer))  # checked by `check_start`
+    size, end_of_text = loaded.get_vocab_size(with_added_tokens=True), params.tokenizer.end_of_text
+    corpus = corpus_for(params.corpus, data_root, fresh=True).fingerprint
+    digest = sha256_file(tokenizer)
+    manifest = TokenizerManifest(
+        fingerprint=f"base-{digest[:16]}",
+        corpus_fingerprint=corpus,  # the text encoded: this corpus, with the model's vocabulary
+        path=str(tokenizer),
+        sha256=digest,
+        vocab_size=size,
+        requested_vocab_size=size,
+        min_frequency=0,
+        end_of_text=end_of_text,
+        end_of_text_id=loaded.token_to_id(end_of_text),
+        seconds=0.0,
+        tokenizers_version=tokenizers.__version__,
+        code_version="base-model",
+    )
+    return manifest.to_dict()
