@@ -22,12 +22,21 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 GPTPIPE = str(Path(sys.executable).with_name("gptpipe"))
 TASKS = REPO / "tests" / "fixtures" / "lm_eval_tasks"
 GPT2_VOCAB = 50257
+
+
+def utf8(path: Path) -> bool:
+    try:
+        path.read_text(encoding="utf-8")
+        return True
+    except (UnicodeDecodeError, OSError):  # a few of the standard library's tests are Latin-1 on purpose
+        return False
 
 
 def gpt2_folder(folder: Path) -> Path:
@@ -40,7 +49,7 @@ def gpt2_folder(folder: Path) -> Path:
     if (folder / "config.json").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    sources = [str(path) for path in Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")]
+    sources = [str(path) for path in Path(sysconfig.get_paths()["stdlib"]).rglob("*.py") if utf8(path)]
     tokenizer = ByteLevelBPETokenizer()
     tokenizer.train(sources, vocab_size=GPT2_VOCAB - 1, min_frequency=2, special_tokens=[])
     tokenizer.save_model(str(folder))
@@ -52,20 +61,40 @@ def gpt2_folder(folder: Path) -> Path:
     return folder
 
 
-def step(name: str, command: list[str], rows: list[dict], env: dict[str, str]) -> dict:
-    """Run one command; its wall time, exit code and its last JSON line."""
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    seconds = round(time.perf_counter() - started, 1)
-    reported = next(
-        (json.loads(line) for line in reversed(done.stdout.splitlines()) if line.startswith("{")), {}
-    )
-    row = {"step": name, "seconds": seconds, "exit": done.returncode, "command": " ".join(command[1:])}
-    if done.returncode != 0:
-        row["error"] = (done.stderr.strip().splitlines() or ["?"])[-1][:300]
-    rows.append(row)
-    print(json.dumps({**row, "reported": reported}, default=str)[:4000], flush=True)
-    return reported
+@dataclass
+class Walk:
+    """Where the walk keeps its files and store, and the timed rows so far."""
+
+    work: Path
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{self.work / 'mlflow.db'}",
+            "HF_HUB_OFFLINE": "1",
+        }
+
+    def timed(self, name: str, seconds: float, code: int = 0) -> None:
+        self.rows.append({"step": name, "seconds": round(seconds, 2), "exit": code})
+
+    def step(self, name: str, command: list[str]) -> dict:
+        """Run one command: its wall time and exit code as a row; its last JSON line returned and kept
+        whole as `<work>/<step>.json`."""
+        started = time.perf_counter()
+        done = subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True)
+        self.timed(name, time.perf_counter() - started, done.returncode)
+        lines = reversed(done.stdout.splitlines())
+        reported = next((json.loads(line) for line in lines if line.startswith("{")), {})
+        error = (done.stderr.strip().splitlines() or ["?"])[-1][:300] if done.returncode else None
+        print(json.dumps({**self.rows[-1], "command": " ".join(command[1:]), "error": error}), flush=True)
+        if reported:
+            slug = "-".join(name.replace("(", "").split()[:2])
+            (self.work / f"{slug}.json").write_text(
+                json.dumps(reported, indent=1, default=str), encoding="utf-8"
+            )
+        return reported
 
 
 def bounded(work: Path, steps: int, *more: str) -> list[str]:
@@ -92,11 +121,11 @@ def bounded(work: Path, steps: int, *more: str) -> list[str]:
     return [item for assignment in settings for item in ("--set", assignment)]
 
 
-def finetune(work: Path, steps: int, rows: list[dict], env: dict[str, str]) -> bool:
+def finetune(walk: Walk, steps: int) -> bool:
     """QLoRA on GPT-2 from the registry (the imported version), the Python tutorial as the new text."""
     docs = Path("/usr/share/doc/python3.11/html/_sources/tutorial")
     text = docs if docs.is_dir() else Path(sysconfig.get_paths()["stdlib"]) / "email"
-    overrides = bounded(work, steps, f"corpus.paths=[{text}]")
+    overrides = bounded(walk.work, steps, f"corpus.paths=[{text}]")
     command = [
         GPTPIPE,
         "finetune",
@@ -105,20 +134,22 @@ def finetune(work: Path, steps: int, rows: list[dict], env: dict[str, str]) -> b
         "--model",
         "models:/gpt2-local@imported",
     ]
-    report = step("fine-tune (QLoRA, every stage)", [*command, *overrides, "--json"], rows, env)
+    report = walk.step("fine-tune (QLoRA, every stage)", [*command, *overrides, "--json"])
+    code = walk.rows[-1]["exit"]
     for name, seconds in stage_seconds(report.get("methods", {}).get("qlora", {})).items():
-        rows.append({"step": f"  stage {name}", "seconds": seconds, "exit": 0})
-    return rows[-1]["exit"] == 0 if rows else False
+        walk.timed(f"  stage {name}", seconds)
+    return code == 0
 
 
-def serve(model: str, rows: list[dict], env: dict[str, str], port: int = 5097) -> None:
+def serve(walk: Walk, model: str, port: int = 5097) -> None:
     """`gptpipe serve` until it answers /health, then one completion; the server stopped after."""
     import urllib.request
 
     started = time.perf_counter()
+    log = (walk.work / "serve.log").open("w")  # the server's lines: a pipe nobody reads would fill up
     server = subprocess.Popen(
         [GPTPIPE, "serve", "--model", model, "--port", str(port), "--device", "cpu"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env=walk.env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     try:
         while time.perf_counter() - started < 300:
@@ -127,27 +158,21 @@ def serve(model: str, rows: list[dict], env: dict[str, str], port: int = 5097) -
                 break
             except OSError:
                 if server.poll() is not None:
-                    raise SystemExit(f"serve exited: {server.stderr.read()[-500:]}") from None
+                    raise SystemExit(f"serve exited: see {walk.work / 'serve.log'}") from None
                 time.sleep(0.5)
-        ready = round(time.perf_counter() - started, 1)
-        rows.append({"step": "serve: ready", "seconds": ready, "exit": 0})
+        walk.timed("serve: ready", time.perf_counter() - started)
         body = json.dumps({"prompt": "def main(", "max_tokens": 32, "temperature": 0}).encode()
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
         )
         asked = time.perf_counter()
         answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
-        rows.append(
-            {
-                "step": "serve: one completion of 32 tokens",
-                "seconds": round(time.perf_counter() - asked, 2),
-                "exit": 0,
-            }
-        )
+        walk.timed("serve: one completion of 32 tokens", time.perf_counter() - asked)
         print(json.dumps({"step": "serve", "answer": answer.get("choices", [{}])[0].get("text", "")[:80]}))
     finally:
         server.terminate()
         server.wait(timeout=30)
+        log.close()
 
 
 def stage_seconds(report: dict) -> dict[str, float]:
@@ -162,24 +187,22 @@ def main() -> None:
     arguments = parser.parse_args()
     work = arguments.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "HF_HUB_OFFLINE": "1"}
-    rows: list[dict] = []
-
+    walk = Walk(work)
     started = time.perf_counter()
     source = arguments.source or f"hf:{gpt2_folder(work / 'gpt2')}"
-    rows.append(
-        {"step": "make the GPT-2 folder", "seconds": round(time.perf_counter() - started, 1), "exit": 0}
-    )
+    walk.timed("make the GPT-2 folder", time.perf_counter() - started)
     steps = arguments.steps
-    step("import", [GPTPIPE, "import", source, "--name", "gpt2-local"], rows, env)
+    walk.step("import", [GPTPIPE, "import", source, "--name", "gpt2-local"])
     benchmark = ["--tasks", "code_choice,code_continuation", "--include-path", str(TASKS)]
-    step("benchmark before", [GPTPIPE, "benchmark", "--model", source, *benchmark], rows, env)
+    walk.step("benchmark before", [GPTPIPE, "benchmark", "--model", source, *benchmark])
     overrides = bounded(
         work,
         steps,
         f"full.init_from={source}",
         "corpus.source=local",
-        f"corpus.paths=[{Path(sysconfig.get_paths()['stdlib']) / 'json'}]",
+        f"corpus.paths=[{Path(sysconfig.get_paths()['stdlib']) / 'asyncio'}]",
+        "corpus.validation_fraction=0.1",
+        "corpus.test_fraction=0.1",
         "evaluate.benchmarks=[{task: code_choice}, {task: code_continuation}]",
         f"evaluate.benchmark_include_path={TASKS}",
         "evaluate.benchmark_gate=null",
@@ -187,21 +210,19 @@ def main() -> None:
         "quantize.new_tokens=8",
         "quantize.repeats=1",
     )
-    report = step(
+    report = walk.step(
         "continued pretraining (every stage)",
         [GPTPIPE, "run", "--params", "params/continue_gpt2.yaml", *overrides, "--json"],
-        rows,
-        env,
     )
     for name, seconds in stage_seconds(report).items():
-        rows.append({"step": f"  stage {name}", "seconds": seconds, "exit": 0})
-    tuned = finetune(work, steps, rows, env)
+        walk.timed(f"  stage {name}", seconds)
+    tuned = finetune(walk, steps)
     after = "models:/gptpipe-iteration-1-gpt2-docs@champion"
     if tuned:
-        step("benchmark after", [GPTPIPE, "benchmark", "--model", after, *benchmark], rows, env)
-        serve(after, rows, env)
+        walk.step("benchmark after", [GPTPIPE, "benchmark", "--model", after, *benchmark])
+        serve(walk, after)
     print("\n| step | seconds | exit |\n|---|---:|---:|")
-    for row in rows:
+    for row in walk.rows:
         print(f"| {row['step']} | {row['seconds']} | {row['exit']} |")
 
 
