@@ -172,3 +172,19 @@ def test_gptpipe_import_registers_it_and_its_models_uris_generate_as_the_folder_
 
     assert main(["import", "gpt2", "--name", "x"]) == 2
     assert "expected hf:FOLDER or hf:HUB_ID" in capsys.readouterr().err
+
+
+def test_exporting_an_hf_model_leaves_no_downloaded_copy_behind(
+    tmp_path: Path, tokenizer_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from flows.cli.main import main
+
+    folder = gpt2_folder(tmp_path / "gpt2", tokenizer_files)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the command's temporary folders go
+    assert main(["export", "--model", f"hf:{folder}", "--output", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert list(scratch.iterdir()) == []  # the model's files were read in a folder removed after

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,6 @@ def import_command(
     source and weights sha256 as tags), so models:/NAME/N fine-tunes, serves, exports and quantizes as
     gptpipe's own do."""
     import json
-    import tempfile
 
     from gptcore.errors import ConfigError
     from gptcore.tools.fingerprint import sha256_file
@@ -74,7 +74,6 @@ def benchmark_command(
     """Score a model on lm-evaluation-harness tasks, through the harness's own Hugging Face model class;
     prints one JSON line: every task's metrics (acc, acc_norm, their stderr, the samples scored)."""
     import json
-    import tempfile
     from importlib.metadata import version
 
     from gptcore.errors import ConfigError
@@ -155,7 +154,6 @@ def serve_command(
     base URL at http://HOST:PORT/v1 (POST /v1/completions, GET /v1/models); MLflow's POST /invocations
     body works too; GET /health and GET /metrics (Prometheus). The model's weights, settings and
     tokenizer are read as data, never as code. Ctrl-C or SIGTERM stops it."""
-    import tempfile
 
     from gptcore.errors import ConfigError
     from gptcore.runtime.device import resolve_device
@@ -270,26 +268,30 @@ def export_command(
     sources = [source for source in (checkpoint_directory, checkpoint_file, model) if source is not None]
     if len(sources) != 1:
         raise ConfigError("gptpipe export: give one of --checkpoint-directory, --checkpoint-file or --model")
-    if model is not None:
-        from gptcore.export.model_files import read_model_files
-        from tasks.tracking.models.model_uri import model_files_of
+    with tempfile.TemporaryDirectory(prefix="gptpipe-model-") as scratch:  # a downloaded model's files
+        if model is not None:
+            from gptcore.export.model_files import read_model_files
+            from tasks.tracking.models.model_uri import model_files_of
 
-        _, params = resolve_params(params_file, iteration, [])
-        files = model_files_of(model, params.tracking)
-        if files.method != "fp32":
-            raise ConfigError(
-                f"--model {model}: a {files.method} model; the Hugging Face export takes the fp32 one "
-                "(the checkpoint it was quantized from)"
+            _, params = resolve_params(params_file, iteration, [])
+            files = model_files_of(model, params.tracking, into=Path(scratch))
+            if files.method != "fp32":
+                raise ConfigError(
+                    f"--model {model}: a {files.method} model; the Hugging Face export takes the fp32 one "
+                    "(the checkpoint it was quantized from)"
+                )
+            trained, tokenizer_path = (
+                read_model_files(files.weights, files.config),
+                tokenizer or files.tokenizer,
             )
-        trained, tokenizer_path = read_model_files(files.weights, files.config), tokenizer or files.tokenizer
-    else:
-        from gptcore.checkpoint.load import choose_checkpoint, load_model
-        from gptcore.export.model_files import checkpoint_tokenizer
+        else:
+            from gptcore.checkpoint.load import choose_checkpoint, load_model
+            from gptcore.export.model_files import checkpoint_tokenizer
 
-        path = checkpoint_file or choose_checkpoint(checkpoint_directory, checkpoint)
-        trained, record = load_model(path)
-        tokenizer_path = tokenizer or checkpoint_tokenizer(record)
-    folder = export_hf(trained, Path(tokenizer_path), output, force=force)
+            path = checkpoint_file or choose_checkpoint(checkpoint_directory, checkpoint)
+            trained, record = load_model(path)
+            tokenizer_path = tokenizer or checkpoint_tokenizer(record)
+        folder = export_hf(trained, Path(tokenizer_path), output, force=force)
     print(json.dumps({"format": format_, "output": str(folder.resolve()), "source": str(sources[0])}))
 
 
@@ -329,14 +331,18 @@ def quantize_command(
     ]
     if not chosen:
         raise ConfigError(f"--methods {methods!r}: expected {METHODS_HELP}")
-    files = model_files_of(model, params.tracking)
-    if files.method != "fp32":
-        raise ConfigError(f"--model {model}: already {files.method}; quantize the fp32 model it came from")
-    trained = read_model_files(files.weights, files.config)
-    test = _test_stream(test_tokens, files.tokenizer, trained.config.vocab_size, Path(params.paths.data_root))
-    folder = output or Path(params.paths.checkpoint_root) / f"quantized-{sha256_file(files.weights)[:16]}"
-    settings = params.quantize.model_copy(update={"methods": chosen})
-    rows = measure_tradeoff(trained, chosen, test, files.tokenizer, settings, params.evaluate, folder)
+    with tempfile.TemporaryDirectory(prefix="gptpipe-model-") as scratch:  # a downloaded model's files
+        files = model_files_of(model, params.tracking, into=Path(scratch))
+        if files.method != "fp32":
+            raise ConfigError(
+                f"--model {model}: already {files.method}; quantize the fp32 model it came from"
+            )
+        trained = read_model_files(files.weights, files.config)
+        data_root = Path(params.paths.data_root)
+        test = _test_stream(test_tokens, files.tokenizer, trained.config.vocab_size, data_root)
+        folder = output or Path(params.paths.checkpoint_root) / f"quantized-{sha256_file(files.weights)[:16]}"
+        settings = params.quantize.model_copy(update={"methods": chosen})
+        rows = measure_tradeoff(trained, chosen, test, files.tokenizer, settings, params.evaluate, folder)
     machine = cpu_features()
     write_tradeoff(rows, machine, folder)
     print(tradeoff_markdown(rows, machine), file=sys.stderr)
