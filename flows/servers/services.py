@@ -36,6 +36,7 @@ class Service:
     death_signal: int = signal.SIGTERM  # what it gets when this process dies
     cwd: str | None = None
     tree: ProcessTree | None = field(default=None, init=False)
+    pump: threading.Thread | None = field(default=None, init=False)  # reads its output until EOF
 
     def start(self, lines: queue.Queue) -> None:
         death_signal = self.death_signal
@@ -53,10 +54,14 @@ class Service:
             preexec_fn=lambda: on_parent_death(death_signal),  # in the child, its user set, before exec
         )
         self.tree = ProcessTree(process)
-        threading.Thread(target=_pump, args=(self.name, process, lines), daemon=True).start()
+        self.pump = threading.Thread(target=_pump, args=(self.name, process, lines), daemon=True)
+        self.pump.start()
 
     def exited(self) -> int | None:
         return None if self.tree is None else self.tree.process.poll()
+
+
+PUMP_SECONDS = 5.0  # a stopped service's pipe reaches EOF at once; a grandchild holding it open, not
 
 
 def _pump(name: str, process: subprocess.Popen, lines: queue.Queue) -> None:
@@ -91,7 +96,10 @@ def run_services(
                 _drain(lines, on_line, requests, started, timeout=0.2)
         except BaseException:
             _stop_all(started, grace_seconds, requests)
-            while not lines.empty():  # the last words of each service, shutdown included
+            for service in started:  # the last words of each service, shutdown included: read to EOF
+                if service.pump is not None:
+                    service.pump.join(timeout=PUMP_SECONDS)
+            while not lines.empty():
                 on_line(*lines.get_nowait())
             raise
 
