@@ -69,10 +69,11 @@ def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, 
     from safetensors.torch import save_file
 
     record = plain_record(checkpoint)
+    config = ModelConfig.model_validate(record["model_config"])
     state = ckpt.load_checkpoint(checkpoint)["model"]
-    state.pop("transformer.wte.weight", None)  # tied to `lm_head.weight`: once, as `save_model` keeps it
+    if config.tie_embeddings:  # tied to `lm_head.weight`: once, as `save_model` keeps it
+        state.pop("transformer.wte.weight", None)
     folder.mkdir(parents=True, exist_ok=True)
     weights = folder / WEIGHTS
     save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(weights))
-    config = ModelConfig.model_validate(record["model_config"])
     return with_config(weights, config, checkpoint_tokenizer(record), folder, "fp32"), record

@@ -1,6 +1,9 @@
-"""A trained model as a Hugging Face GPT-2 folder that `transformers` loads offline.
+"""A trained model as a Hugging Face folder that `transformers` loads offline: GPT-2's layout as a
+`GPT2LMHeadModel` (here), the modern recipe (rotary, RMSNorm, SwiGLU) as a `LlamaForCausalLM` or, with
+QK-norm, a `Qwen3ForCausalLM` (`gptcore.export.hf_llama`); any other recipe is refused before anything is
+written. The folder's tokenizer, special-token and generation files are the same for every layout.
 
-The model already has GPT-2's layout and names, so the export is a renaming plus GPT-2's `Conv1D`
+A GPT-2 model already has GPT-2's layout and names, so the export is a renaming plus GPT-2's `Conv1D`
 layout: the four projection weights (`c_attn`, `attn.c_proj`, `c_fc`, `mlp.c_proj`) are stored
 transposed. The output head is tied to the token embedding and stored once (`tie_word_embeddings`);
 a profile without biases exports zero biases, which compute the same. Nothing here imports
@@ -9,7 +12,8 @@ a profile without biases exports zero biases, which compute the same. Nothing he
 - `config.json`: a `GPT2Config` whose fields match the model exactly (sizes, `n_positions` = the block
   size, `gelu_new` = our tanh-approximated GELU, LayerNorm epsilon 1e-5, no dropout, bos/eos = the
   end-of-text id).
-- `model.safetensors`: the weights under GPT-2's names.
+  (`LlamaConfig`, `Qwen3Config`: `gptcore.export.hf_llama`.)
+- `model.safetensors`: the weights under the layout's names.
 - `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`: a `PreTrainedTokenizerFast`.
 - `generation_config.json`: bos/eos/pad = end-of-text.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,8 @@ import torch
 
 from gptcore.data.tokenfile import check_tokenizer
 from gptcore.errors import ConfigError, DataError
+from gptcore.export.hf_llama import HOLDS, check_llama, llama_config, llama_state_dict
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.tools.atomic import publish_directory, staging_directory
 
@@ -77,6 +84,24 @@ def gpt2_config(model: GPT, end_of_text: int) -> dict[str, Any]:
     }
 
 
+StateDict = Callable[[GPT], dict[str, torch.Tensor]]
+Config = Callable[[GPT, int], dict[str, Any]]
+
+
+def layout(config: ModelConfig) -> tuple[StateDict, Config]:
+    """The writers of the Hugging Face layout that holds `config`'s recipe; a ConfigError in one line,
+    naming the fields that keep it from any, when none does."""
+    if config.position == "rotary":
+        check_llama(config)
+        return llama_state_dict, llama_config
+    # Learned positions never read rope_theta: a changed one leaves GPT-2's layout as it is.
+    misfits = {key: value for key, value in config.recipe().items() if key != "rope_theta"}
+    if misfits:
+        fields = ", ".join(f"{key} {value!r}" for key, value in misfits.items())
+        raise ConfigError(f"export: position 'learned' with {fields}: {HOLDS}")
+    return gpt2_state_dict, gpt2_config
+
+
 def end_of_text_of(tokenizer_path: Path) -> tuple[int, str]:
     """The tokenizer's end-of-text id and text: its first special (added) token."""
     data = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
@@ -92,14 +117,15 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
     from safetensors.torch import save_file
 
     output = Path(output)
+    state_dict, config = layout(model.config)  # a recipe no layout holds: refused before any writing
     _check_output(output, force)
     check_tokenizer(tokenizer_path, model.config.vocab_size)  # loadable, and fits the model
     eot_id, eot = end_of_text_of(tokenizer_path)
-    weights = gpt2_state_dict(model)
+    weights = state_dict(model)
     needed = sum(t.numel() * t.element_size() for t in weights.values()) + tokenizer_path.stat().st_size
     with staging_directory(output, needed) as folder:
         save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        _json(folder / "config.json", gpt2_config(model, eot_id))
+        _json(folder / "config.json", config(model, eot_id))
         shutil.copyfile(tokenizer_path, folder / "tokenizer.json")
         specials = {"bos_token": eot, "eos_token": eot, "unk_token": eot}
         _json(folder / "special_tokens_map.json", specials)

@@ -133,5 +133,6 @@ def read_model_files(
         load_model(model, str(weights), device=device)
     else:
         model.load_state_dict(torch.load(weights, map_location=device, weights_only=True), assign=True)
-        model.lm_head.weight = model.transformer.wte.weight  # assign=True loaded them as two parameters
+        if model.config.tie_embeddings:  # assign=True loaded them as two parameters
+            model.lm_head.weight = model.transformer.wte.weight
     return model.to(device).eval()

@@ -1,8 +1,11 @@
-"""The GPT: a decoder-only transformer in the GPT-2 layout.
+"""The GPT: a decoder-only transformer in the GPT-2 layout, or a modern recipe beside it.
 
 Parameter names follow GPT-2 (`transformer.wte`, `transformer.h.N.attn.c_attn`, ...), so an export to the
 Hugging Face GPT-2 layout is a renaming (and a transpose of the Conv1D weights), not a conversion. The
-activation is GELU with the tanh approximation, GPT-2's `gelu_new`.
+default config is GPT-2 exactly (learned positions, LayerNorm, tanh-GELU MLP, tied head); its options
+(`ModelConfig.position`, `norm`, `qk_norm`, `mlp`, `tie_embeddings`) swap in rotary positions
+(`gptcore.model.rotary`), RMSNorm, QK-norm, ReLU² or SwiGLU (`gptcore.model.mlp`) and an untied head,
+under the same names wherever a layer exists in both.
 """
 
 from __future__ import annotations
@@ -17,7 +20,19 @@ from torch.utils.checkpoint import checkpoint
 from gptcore.model.config import ModelConfig
 from gptcore.model.cross_entropy import cross_entropy
 from gptcore.model.kv_cache import KVCache, LayerCache
+from gptcore.model.mlp import MLP
+from gptcore.model.rotary import Rotary, rotate
 from gptcore.model.slot_cache import SlotCache, SlotLayer
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # the cos and sin at the step's positions (gptcore.model.rotary)
+
+
+def norm(config: ModelConfig, width: int) -> nn.Module:
+    """The config's norm over `width`. RMSNorm's eps is LayerNorm's, not torch's default (the dtype's
+    machine epsilon, 1/128 in bfloat16, large next to a small mean square)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(width, eps=1e-5)
+    return nn.LayerNorm(width, bias=config.bias)
 
 
 class CausalSelfAttention(nn.Module):
@@ -28,12 +43,22 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
+        if config.qk_norm:  # one weight per head dimension, shared by the heads
+            self.q_norm = nn.RMSNorm(config.head_dim(), eps=1e-5)
+            self.k_norm = nn.RMSNorm(config.head_dim(), eps=1e-5)
+        self.qk_norm = config.qk_norm
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | SlotLayer | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | SlotLayer | None = None, rope: Rope | None = None
+    ) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=2)
         shape = (batch, length, self.n_head, width // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # rotated before the cache stores the keys: each at its own position
+            q, k = rotate(q, *rope), rotate(k, *rope)
         mask, causal = None, True
         if cache is not None:  # the keys and values of every position so far, and who sees which
             k, v, mask, causal = cache.attend(k, v)
@@ -44,27 +69,18 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
-class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
-
-
 class Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm(config, config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | SlotLayer | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | SlotLayer | None = None, rope: Rope | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -78,17 +94,21 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            {
-                "wte": nn.Embedding(config.vocab_size, config.n_embd),
-                "wpe": nn.Embedding(config.block_size, config.n_embd),
-                "drop": nn.Dropout(config.dropout),
-                "h": nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                "ln_f": nn.LayerNorm(config.n_embd, bias=config.bias),
-            }
-        )
+        # The modules in GPT-2's order: their construction draws from the random generator, so the
+        # default config's init is the same draw for draw.
+        layers: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, config.n_embd)}
+        if config.position == "learned":
+            layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        layers["drop"] = nn.Dropout(config.dropout)
+        layers["h"] = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        layers["ln_f"] = norm(config, config.n_embd)
+        self.transformer = nn.ModuleDict(layers)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied input and output embeddings
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # tied input and output embeddings
+        self.rotary = None  # no parameters: the cos/sin tables of rotary positions
+        if config.position == "rotary":
+            self.rotary = Rotary(config.head_dim(), config.block_size, config.rope_theta)
         # Recompute each block in the backward pass instead of keeping its activations (a runtime
         # choice, not the architecture's: the same weights and losses, less memory, about a third
         # more compute).
@@ -110,12 +130,14 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
 
     def parameter_count(self) -> int:
-        """Every distinct parameter, the tied embedding once, positions included."""
+        """Every distinct parameter: a tied embedding once, an untied head beside it, the learned
+        position table when there is one (rotary positions have no parameters)."""
         return sum(p.numel() for p in self.parameters())
 
     def matmul_parameter_count(self) -> int:
         """Weights that take part in a matmul per token (the FLOP formula's N): the 2-D weights but
-        the position table, which is a lookup. The tied embedding counts once, as the output head."""
+        the lookups (the position table; the token embedding when the head is untied, which then
+        counts on its own). A tied embedding counts once, as the output head."""
         return sum(p.numel() for p in self._matmul_weights())
 
     def frozen_matmul_parameter_count(self) -> int:
@@ -124,8 +146,10 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self._matmul_weights() if not p.requires_grad)
 
     def _matmul_weights(self) -> list[nn.Parameter]:
-        wpe = self.transformer.wpe.weight
-        return [p for p in self.parameters() if p.dim() == 2 and p is not wpe]
+        lookups = [self.transformer.wpe.weight] if "wpe" in self.transformer else []
+        if self.lm_head.weight is not self.transformer.wte.weight:
+            lookups.append(self.transformer.wte.weight)
+        return [p for p in self.parameters() if p.dim() == 2 and all(p is not q for q in lookups)]
 
     def forward(
         self,
@@ -147,13 +171,19 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {length} tokens exceeds block_size {self.config.block_size}")
         else:
             positions = torch.arange(length, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+        x = self.transformer.wte(idx)
+        rope = None
+        if self.rotary is not None:  # positions rotate the queries and keys, in every block
+            rope = self.rotary(positions)
+        else:
+            x = x + self.transformer.wpe(positions)
+        x = self.transformer.drop(x)
         recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for index, block in enumerate(self.transformer.h):
             if recompute:  # non-reentrant: keeps the RNG state, so dropout masks replay exactly
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, None, rope, use_reentrant=False)
             else:
-                x = block(x, cache.layers[index] if cache is not None else None)
+                x = block(x, cache.layers[index] if cache is not None else None, rope)
         if cache is not None:
             cache.advance(length)
         x = self.transformer.ln_f(x)
@@ -183,10 +213,12 @@ class GPT(nn.Module):
         return cross_entropy(self.lm_head(x), targets) * targets.numel()
 
 
-def optimizer_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices (linear weights, embeddings) only; biases and norms go undecayed."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+def optimizer_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset()) -> list[dict]:
+    """Weight decay on matrices (linear weights, embeddings) only; biases and norms go undecayed. The
+    parameters whose ids are in `exclude` are left out (another optimizer trains them: Muon)."""
+    trained = [p for p in model.parameters() if p.requires_grad and id(p) not in exclude]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

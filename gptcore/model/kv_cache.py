@@ -7,8 +7,8 @@ their own positions): `check_room(n)`, `positions(n, device)` of the new tokens,
 causal) and `advance(n)` once every layer has stored the step.
 
 The cache holds at most `block_size` positions, the model's window. Positions are absolute (the `wpe`
-table), so a full cache cannot slide: the sampler starts a new one from the context's last tokens (see
-`gptcore.generate.sample`).
+table, or rotary keys stored already rotated), so a full cache cannot slide: the sampler starts a new
+one from the context's last tokens (see `gptcore.generate.sample`).
 """
 
 from __future__ import annotations

@@ -70,7 +70,10 @@ def model_matmul_shapes(config: ModelConfig, tokens: int) -> tuple[Shape, ...]:
     def rows(k: int, n: int) -> int:
         return min(tokens, max(64, PROBE_FLOPS // (2 * k * n)))
 
-    return tuple((rows(k, n), k, n) for k, n in ((d, config.vocab_size), (d, 4 * d), (4 * d, d), (d, 3 * d)))
+    hidden = config.mlp_width()
+    up = 2 * hidden if config.mlp == "swiglu" else hidden  # SwiGLU's gate and up: one fused product
+    shapes = ((d, config.vocab_size), (d, up), (hidden, d), (d, 3 * d))
+    return tuple((rows(k, n), k, n) for k, n in shapes)
 
 
 def _dtype(device: str, precision: str) -> torch.dtype:

@@ -28,10 +28,8 @@ from gptcore.runtime.decided import Runtime
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
 RESIDUAL_BYTES = 4  # the residual stream stays fp32 under autocast: an fp32 add of a 16-bit branch
-# Per layer and token, the block keeps 15 values of width d at the activation width (the two
-# LayerNorm outputs as the linears' inputs, q, k, v, the attention output and its contiguous copy,
-# the MLP's 4d input to GELU and 4d output) and 2 of the fp32 residual stream (the LayerNorms' inputs).
-ACTIVATION_VALUES = 15
+# Per layer and token, the block keeps values of width d at the activation width (`layer_activation_values`:
+# 15 for GPT-2's block) and 2 of the fp32 residual stream (the norms' inputs).
 RESIDUAL_VALUES = 2
 # Kernel workspaces, the autograd graph, oneDNN's primitive caches: measured near 40-50 MiB whatever
 # the model (the difference between the live heap and the terms above on `gpt_first_cpu`).
@@ -47,11 +45,24 @@ def activation_width(precision: str) -> int:
     return 2 if precision in ("bf16", "fp16") else 4
 
 
+def layer_activation_values(config: ModelConfig) -> float:
+    """Arrays of width n_embd one block keeps per token for its backward pass. Attention: the two norms'
+    outputs (the linears' inputs), q, k, v, the attention's output and its contiguous copy (7); QK-norm
+    and rotary positions each make new q and k arrays that attention keeps (2 each). The MLP, in units
+    of its hidden width h: GELU's and ReLU²'s input and output (2h, the square keeping the ReLU's
+    output); SwiGLU's fused gate and up (2h, alive through the views its product keeps), silu(gate) and
+    the product (4h). GPT-2's block: 7 + 2 x 4 = 15."""
+    attention = 7 + 2 * int(config.qk_norm) + 2 * int(config.position == "rotary")
+    hidden = config.mlp_width() / config.n_embd
+    return attention + (4 if config.mlp == "swiglu" else 2) * hidden
+
+
 def layer_activation_bytes(config: ModelConfig, tokens: int, precision: str) -> int:
     """What one transformer block keeps for its backward pass over `tokens` tokens (no attention-score
     matrix: SDPA's kernels recompute it)."""
     width = activation_width(precision)
-    return tokens * config.n_embd * (ACTIVATION_VALUES * width + RESIDUAL_VALUES * RESIDUAL_BYTES)
+    values = layer_activation_values(config) * width + RESIDUAL_VALUES * RESIDUAL_BYTES
+    return int(tokens * config.n_embd * values)
 
 
 @dataclass(frozen=True)

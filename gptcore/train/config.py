@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from gptcore.tools.strict import Strict
 
+# The fields of the optimizer's choice: an AdamW run's identity leaves them out, as before they existed.
+MUON_FIELDS = ("name", "muon_learning_rate", "muon_momentum")
+
 
 class OptimizerConfig(Strict):
-    """AdamW with warmup then cosine decay (`gptcore.train.schedule`), and gradient clipping."""
+    """AdamW, or Muon for the blocks' matrices beside AdamW for the rest (`gptcore.train.muon`), with
+    warmup then cosine decay (`gptcore.train.schedule`), and gradient clipping."""
+
+    name: Literal["adamw", "muon"] = Field(
+        default="adamw",
+        description="adamw: every weight; muon: torch.optim.Muon for the 2-D weights inside the blocks, "
+        "AdamW (learning_rate, betas, weight_decay) for embeddings, head, norms and biases",
+    )
+    muon_learning_rate: float = Field(
+        default=0.02,
+        gt=0.0,
+        le=10.0,
+        description="Muon's peak rate (muon only); the schedule scales it as AdamW's",
+    )
+    muon_momentum: float = Field(
+        default=0.95, ge=0.0, lt=1.0, description="Muon's Nesterov momentum (muon only)"
+    )
 
     learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0, description="the peak, after warmup")
     min_learning_rate: float = Field(default=1e-4, ge=0.0, le=10.0, description="the cosine decay's floor")
@@ -19,6 +40,12 @@ class OptimizerConfig(Strict):
     grad_clip: float = Field(
         default=1.0, ge=0.0, description="the gradient's largest norm; 0 turns clipping off"
     )
+
+    def identity(self) -> dict[str, object]:
+        """What decides the trajectory, as cache keys and a resume's check read it: every field; an AdamW
+        run's without Muon's (as before Muon could be chosen, so its caches and checkpoints hold)."""
+        dumped = self.model_dump()
+        return dumped if self.name == "muon" else {k: v for k, v in dumped.items() if k not in MUON_FIELDS}
 
 
 class TrainingConfig(Strict):
@@ -50,6 +77,14 @@ class TrainingConfig(Strict):
     optimizer: OptimizerConfig = Field(
         default=OptimizerConfig(), description="the optimizer and its schedule"
     )
+
+    def identity(self, exclude: frozenset[str] = frozenset()) -> dict[str, object]:
+        """The settings as cache keys and a resume's check read them: the optimizer's `identity()`;
+        without the fields in `exclude` (a section's own, keyed elsewhere)."""
+        dumped = self.model_dump(exclude=set(exclude))
+        if self.optimizer is not None:
+            dumped["optimizer"] = self.optimizer.identity()
+        return dumped
 
     @classmethod
     def of(cls, section: TrainingConfig) -> TrainingConfig:

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from gptcore.train.muon import LR_SCALE
+
 
 @dataclass(frozen=True)
 class WarmupCosine:
@@ -27,7 +29,7 @@ class WarmupCosine:
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
         rate = self.rate(step)
         for group in optimizer.param_groups:
-            group["lr"] = rate
+            group["lr"] = rate * group.get(LR_SCALE, 1.0)  # Muon's groups: their own peak, same shape
         return rate
 
     def state_dict(self) -> dict[str, Any]:

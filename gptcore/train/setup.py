@@ -34,6 +34,7 @@ from gptcore.runtime.memory import StepMemory
 from gptcore.train.config import TrainingConfig
 from gptcore.train.guards import DivergenceGuard, NonFiniteGuard
 from gptcore.train.job import TrainJob
+from gptcore.train.muon import LR_SCALE, MuonWithAdamW, hidden_matrices
 from gptcore.train.schedule import WarmupCosine
 
 
@@ -84,13 +85,26 @@ def make_optimizer(
     model: torch.nn.Module, training: TrainingConfig, runtime: Runtime
 ) -> torch.optim.Optimizer:
     opt = training.optimizer
-    return torch.optim.AdamW(
-        optimizer_groups(model, opt.weight_decay),
+    muon = hidden_matrices(model) if opt.name == "muon" else set()
+    groups = optimizer_groups(model, opt.weight_decay, exclude=muon)
+    adamw = torch.optim.AdamW(
+        groups,
         lr=opt.learning_rate,
         betas=(opt.beta1, opt.beta2),
         fused=runtime.fused_adamw,
         foreach=None if runtime.fused_adamw else True,
     )
+    if not muon:
+        return adamw
+    matrices = [p for p in model.parameters() if id(p) in muon]
+    scale = opt.muon_learning_rate / opt.learning_rate  # the schedule's rate is AdamW's
+    orthogonal = torch.optim.Muon(
+        [{"params": matrices, LR_SCALE: scale}],
+        lr=opt.muon_learning_rate,
+        weight_decay=opt.weight_decay,
+        momentum=opt.muon_momentum,
+    )
+    return MuonWithAdamW(orthogonal, adamw)
 
 
 def planned_steps(section: TrainingConfig, train_set: ExampleSet | None, plan: StepPlan) -> int | None:
@@ -124,8 +138,8 @@ def trajectory_settings(
     and accumulation may change as long as the global batch stays (after an OOM, on more ranks)."""
     t = job.training
     config: dict[str, Any] = {}
-    _flatten("model", job.model.model_dump(), config)
-    _flatten("optimizer", t.optimizer.model_dump(), config)
+    _flatten("model", job.model.identity(), config)  # a GPT-2 model's, as before the recipe's fields
+    _flatten("optimizer", t.optimizer.identity(), config)  # AdamW's: as before Muon could be chosen
     config.update(
         {
             "training.seed": t.seed,

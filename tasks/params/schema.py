@@ -99,7 +99,7 @@ class FullTrainingConfig(TrainingConfig):
     def schedule_settings(self) -> dict[str, Any]:
         """What decides the run's training, without where it starts (the start's identity is the weights'
         sha256, `gptcore.finetune.start.start_identity`, not the URI or the folder that named them)."""
-        return self.model_dump(exclude={"init_from", "init_weights"})
+        return self.identity(exclude=frozenset({"init_from", "init_weights"}))
 
 
 class FinetuneConfig(Strict):

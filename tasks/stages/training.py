@@ -100,7 +100,7 @@ def _training_fingerprint(
     return fingerprint(
         stage,
         tokens.fingerprint,
-        params.model.architecture.model_dump(),
+        params.model.architecture.identity(),
         runtime,
         machine if stage == "smoke" else machine["device"],
         _settings(params.training_section(stage)),
@@ -115,7 +115,7 @@ def _settings(section: TrainingConfig) -> dict:
     """A section's settings as its fingerprint holds them: the full section's without where it starts."""
     if isinstance(section, FullTrainingConfig):
         return section.schedule_settings()
-    return section.model_dump()
+    return section.identity()
 
 
 def smoke_fingerprint(params: PipelineParams, tokens: TokensResult, device: DeviceResult) -> str:
