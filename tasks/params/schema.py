@@ -96,10 +96,10 @@ class FullTrainingConfig(TrainingConfig):
         default=None, description="set by the tokenizer stage: init_from's model files, resolved"
     )
 
-    def schedule_settings(self) -> dict[str, Any]:
+    def identity(self, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
         """What decides the run's training, without where it starts (the start's identity is the weights'
         sha256, `gptcore.finetune.start.start_identity`, not the URI or the folder that named them)."""
-        return self.identity(exclude=frozenset({"init_from", "init_weights"}))
+        return super().identity(exclude | {"init_from", "init_weights"})
 
 
 class FinetuneConfig(Strict):

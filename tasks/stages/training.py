@@ -24,7 +24,7 @@ from gptcore.train.estimate import RunPlan, estimate_run
 from gptcore.train.records import StartupRecord, SummaryRecord
 from tasks.caching import stage_task
 from tasks.params.jobs import full_world_size
-from tasks.params.schema import FullTrainingConfig, PipelineParams, TrainingStage
+from tasks.params.schema import PipelineParams, TrainingStage
 from tasks.prefect_progress import PrefectProgress
 from tasks.results import DeviceResult, FullResult, SmokeResult, TokensResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge, memory_limit
@@ -103,19 +103,12 @@ def _training_fingerprint(
         params.model.architecture.identity(),
         runtime,
         machine if stage == "smoke" else machine["device"],
-        _settings(params.training_section(stage)),
-        _settings(schedule) if schedule is not None else None,
+        params.training_section(stage).identity(),
+        schedule.identity() if schedule is not None else None,
         _training_code_version(),
         *([batch.batch_size, batch.grad_accum_steps] if batch else []),
         *([start] if start else []),  # absent for pretraining: its cached stages keep their keys
     )
-
-
-def _settings(section: TrainingConfig) -> dict:
-    """A section's settings as its fingerprint holds them: the full section's without where it starts."""
-    if isinstance(section, FullTrainingConfig):
-        return section.schedule_settings()
-    return section.identity()
 
 
 def smoke_fingerprint(params: PipelineParams, tokens: TokensResult, device: DeviceResult) -> str:
