@@ -7,7 +7,8 @@ the resident high-water mark since training started less the resident set before
 built (`gptcore.runtime.memory`). Prints one JSON line per case and a closing table: estimate / measured (the
 target is within ±25%), and for activation checkpointing the peak's reduction and the step-time cost.
 
-    .venv/bin/python bench/memory_estimate.py [--steps 4] [--profiles gpt_first_cpu,gpt_42m,gpt_100m]
+    .venv/bin/python bench/memory_estimate.py [--steps 4]
+        [--profiles gpt_first_cpu,gpt_first_cpu_modern,gpt_42m,gpt_100m]
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BATCHES = {"gpt_first_cpu": 4, "gpt_42m": 2, "gpt_100m": 1}  # small batches: a few steps on 2 cores
+# Small batches: a few steps on 2 cores. A modern profile trains with Muon, the optimizer of its recipe.
+BATCHES = {"gpt_first_cpu": 4, "gpt_first_cpu_modern": 4, "gpt_42m": 2, "gpt_100m": 1}
 TOLERANCE = 0.25
 
 
@@ -29,7 +31,7 @@ def measure(profile: str, batch: int, precision: str, checkpointing: bool, steps
     from gptcore.runtime.config import RuntimeConfig
     from gptcore.runtime.malloc import tune_malloc
     from gptcore.train.callbacks import TrainingCallback
-    from gptcore.train.config import TrainingConfig
+    from gptcore.train.config import OptimizerConfig, TrainingConfig
     from gptcore.train.job import TrainJob
     from gptcore.train.trainer import train
     from tasks.params.loading import load_profile
@@ -46,7 +48,13 @@ def measure(profile: str, batch: int, precision: str, checkpointing: bool, steps
             grad_accum_steps=1,
             activation_checkpointing=checkpointing,
         ),
-        training=TrainingConfig(max_steps=steps, log_every=steps, eval_every=10_000, eval_at_start=False),
+        training=TrainingConfig(
+            max_steps=steps,
+            log_every=steps,
+            eval_every=10_000,
+            eval_at_start=False,
+            optimizer=OptimizerConfig(name="muon" if config.recipe() else "adamw"),
+        ),
         train_tokens=synthetic_stream(config.vocab_size, window * batch * (steps + 1), seed=1),
     )
     summary = train(job, TrainingCallback())

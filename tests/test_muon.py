@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
+from gptcore.train import muon
 from gptcore.train.config import OptimizerConfig, TrainingConfig
-from gptcore.train.muon import MuonWithAdamW
+from gptcore.train.muon import Muon, MuonWithAdamW, orthogonal_dtype
 from gptcore.train.trainer import train
 from tests.test_trainer import Recorder, job
 
@@ -24,6 +26,7 @@ MUON = OptimizerConfig(name="muon", learning_rate=3e-3, warmup_steps=2, muon_lea
 
 class Runtime:
     fused_adamw = False
+    device = "cpu"
 
 
 def test_muon_trains_the_blocks_matrices_and_adamw_everything_else_once_each() -> None:
@@ -82,3 +85,66 @@ def test_an_adamw_runs_identity_is_what_it_was_before_muon_could_be_chosen() -> 
     assert adamw.identity() == {key: value for key, value in adamw.model_dump().items()
                                 if key not in ("name", "muon_learning_rate", "muon_momentum")}  # fmt: skip
     assert MUON.identity()["name"] == "muon" and MUON.identity()["muon_learning_rate"] == 0.02
+
+
+def _stepped(optimizer_type: type, steps: int = 3, **options) -> list[torch.Tensor]:
+    """A wide, a tall and a square matrix after `steps` of the optimizer on fixed gradients."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(shape, generator=generator) for shape in ((8, 24), (24, 8), (16, 16))]
+    weights = [torch.nn.Parameter(weight) for weight in weights]
+    optimizer = optimizer_type(weights, lr=0.02, weight_decay=0.1, **options)
+    for _ in range(steps):
+        for weight in weights:
+            weight.grad = torch.randn(weight.shape, generator=generator)
+        optimizer.step()
+    return [weight.detach() for weight in weights]
+
+
+def test_muon_in_bf16_is_torchs_step_to_the_bit_and_in_fp32_within_bf16s_rounding() -> None:
+    torchs = _stepped(torch.optim.Muon)
+    assert all(torch.equal(a, b) for a, b in zip(_stepped(Muon, dtype=torch.bfloat16), torchs, strict=True))
+    in_fp32 = _stepped(Muon, dtype=torch.float32)
+    starts = _stepped(Muon, steps=0)
+    for fp32, bf16, start in zip(in_fp32, torchs, starts, strict=True):
+        moved = (bf16 - start).abs().max()
+        assert not torch.equal(fp32, bf16) and (fp32 - bf16).abs().max() < 0.05 * moved
+
+
+def test_the_orthogonalisation_is_semi_orthogonal_on_the_short_side() -> None:
+    update = torch.randn(64, 16)
+    for dtype in (torch.float32, torch.bfloat16):
+        singular = torch.linalg.svdvals(
+            muon.orthogonalise(update, (3.4445, -4.775, 2.0315), 5, 1e-7, dtype).float()
+        )
+        assert singular.shape == (16,) and singular.min() > 0.5 and singular.max() < 1.3  # Muon's band
+
+
+def test_bf16_iterations_only_where_the_hardware_multiplies_bf16(monkeypatch) -> None:
+    assert orthogonal_dtype("cuda") == torch.bfloat16
+    monkeypatch.setattr(muon, "cpu_native", lambda precision: True)
+    assert orthogonal_dtype("cpu") == torch.bfloat16
+    for flags in (False, None):  # an AVX2-only CPU, or one whose flags are unknown
+        monkeypatch.setattr(muon, "cpu_native", lambda precision, flags=flags: flags)
+        assert orthogonal_dtype("cpu") == torch.float32
+    assert orthogonal_dtype("mps") == torch.float32
+
+
+def test_the_memory_estimate_counts_the_state_each_optimizer_keeps() -> None:
+    """AdamW keeps two fp32 moments per parameter, Muon one momentum per matrix entry: the estimate's
+    optimizer term is what the optimizer holds after a step."""
+    from gptcore.train.setup import make_optimizer, optimizer_state_bytes
+
+    model = GPT(MODERN)
+    for config in (TrainingConfig(), TrainingConfig(optimizer=MUON)):
+        optimizer = make_optimizer(model, config, Runtime())
+        for parameter in model.parameters():
+            parameter.grad = torch.ones_like(parameter)
+        optimizer.step()
+        held = sum(
+            state.nbytes
+            for per_parameter in optimizer.state.values()
+            for state in per_parameter.values()
+            if state.dim()  # not AdamW's step counters
+        )
+        assert optimizer_state_bytes(model, config) == held
+    assert optimizer_state_bytes(model, TrainingConfig()) == 8 * model.parameter_count()

@@ -166,9 +166,9 @@ def test_the_real_probe_measures_both_16_bit_types_against_fp32() -> None:
 def test_a_cpu_is_native_for_a_precision_only_where_its_flags_say_so(tmp_path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
-    assert precision_speed._native("bf16", cpuinfo) is True
-    assert precision_speed._native("fp16", cpuinfo) is False
-    assert precision_speed._native("bf16", tmp_path / "absent") is None
+    assert precision_speed.cpu_native("bf16", cpuinfo) is True
+    assert precision_speed.cpu_native("fp16", cpuinfo) is False
+    assert precision_speed.cpu_native("bf16", tmp_path / "absent") is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -38,6 +38,18 @@ def test_a_grid_is_every_combination_of_the_values_each_as_set_would_apply_it() 
     ]
 
 
+def test_a_grid_over_the_recipe_is_the_model_profile_by_the_optimizer() -> None:
+    """`--grid model=...` names whole profiles (each resolved as the parameter file's own would be), so a
+    sweep compares recipes, and with `full.optimizer.name` every architecture meets both optimizers."""
+    grid = parse_grid(["model=gpt_first_cpu,gpt_first_cpu_modern", "full.optimizer.name=adamw,muon"])
+    params = validate_trials(ITERATION_1, [], expand(SweepConfig(grid=grid)))
+    recipes = [(p.model.as_params()["model.recipe"], p.optimizer_params()["optimizer.name"]) for p in params]
+    modern = "rotary+rmsnorm+qk_norm+swiglu"
+    assert recipes == [("gpt2", "adamw"), ("gpt2", "muon"), (modern, "adamw"), (modern, "muon")]
+    assert "optimizer.muon_learning_rate" not in params[0].optimizer_params()  # AdamW's: as before Muon
+    assert params[1].smoke.optimizer is None  # the smoke run proves the full section's optimizer
+
+
 def test_random_search_draws_log_uniformly_from_ranges_and_repeats_with_its_seed() -> None:
     config = SweepConfig(
         grid=parse_grid(["full.optimizer.learning_rate=1e-4..1e-2", "runtime.batch_size=4,8"])

@@ -520,6 +520,8 @@ def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_poi
     assert len(parent.data.tags["params_sha256"]) == 64
     assert len(parent.data.tags.get("git_commit", "0" * 40)) == 40
     assert parent.data.params["model.profile"] == "tiny"
+    # The recipe a run trained with is two params of the parent run, so the compare view sets them apart.
+    assert (parent.data.params["model.recipe"], parent.data.params["optimizer.name"]) == ("gpt2", "adamw")
     child = client.get_run(cached)
     assert child.data.tags["mlflow.parentRunId"] == second.parent_run_id
     assert (child.data.tags["cached"], child.data.tags["cached_from_run_id"]) == ("true", producer)
@@ -604,6 +606,7 @@ def test_gptpipe_train_records_its_run_and_a_resume_continues_it(
     )
     assert [a.path for a in session.client.list_artifacts(run_id, "inputs")] == ["inputs/iteration.yaml"]
     assert run.data.params["model.profile"] == "tiny"
+    assert run.data.params["optimizer.learning_rate"] == str(params.full.optimizer.learning_rate)
     assert main(train_args(path, directory, "--resume")) == 0  # resumes from final: nothing left to train
     assert checkpoint_metadata(directory / "final.pt")["metadata"]["mlflow_run_id"] == run_id
     assert len(session.client.search_runs([session.experiment_id])) == 1

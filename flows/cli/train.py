@@ -92,7 +92,11 @@ def training_callbacks(
         fields = job_fields or {}
         datasets = {"train": fields.get("train_tokens"), "validation": fields.get("validation_tokens")}
         callback = session.training_callback(
-            run_name, tags=tags, params=params.model.as_params(), artifacts=inputs, datasets=datasets
+            run_name,
+            tags=tags,
+            params=params.model.as_params() | params.optimizer_params(stage),
+            artifacts=inputs,
+            datasets=datasets,
         )
         callbacks.append(callback)
     return callbacks

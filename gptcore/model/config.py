@@ -79,6 +79,14 @@ class ModelConfig(Strict):
         dumped = self.model_dump()
         return {key: dumped[key] for key, value in GPT2_RECIPE.items() if dumped[key] != value}
 
+    def recipe_name(self) -> str:
+        """The recipe in a word, as runs are compared by it: 'gpt2', or its changes from GPT-2's joined by
+        '+' (e.g. 'rotary+rmsnorm+qk_norm+swiglu+untied')."""
+        words = {"position": str, "norm": str, "qk_norm": lambda _: "qk_norm", "mlp": str}
+        words |= {"tie_embeddings": lambda _: "untied", "rope_theta": lambda theta: f"rope_theta={theta:g}"}
+        changes = self.recipe()
+        return "+".join(words[key](changes[key]) for key in GPT2_RECIPE if key in changes) or "gpt2"
+
     def identity(self) -> dict[str, object]:
         """What decides the model, as cache keys and a resume's check read it: every field, the recipe's
         only where they are not GPT-2's, so a GPT-2 model's identity is what it was before the recipe's

@@ -79,10 +79,18 @@ class StepMemory:
     activation_checkpointing: bool = False
     device: str = "cpu"
     checkpoint_snapshot: bool = False  # a host copy of weights and moments while a checkpoint is written
+    optimizer_state: int | None = None  # its bytes; None: AdamW's two fp32 moments per parameter
 
     @classmethod
-    def for_run(cls, model: GPT, runtime: Runtime, checkpoint_snapshot: bool = False) -> StepMemory:
-        """The step memory of `model` trained with `runtime`."""
+    def for_run(
+        cls,
+        model: GPT,
+        runtime: Runtime,
+        checkpoint_snapshot: bool = False,
+        optimizer_state: int | None = None,
+    ) -> StepMemory:
+        """The step memory of `model` trained with `runtime` (and an optimizer keeping `optimizer_state`
+        bytes: Muon keeps one momentum per matrix entry where AdamW keeps two)."""
         return cls(
             model.config,
             model.parameter_count(),
@@ -90,6 +98,7 @@ class StepMemory:
             runtime.activation_checkpointing,
             runtime.device,
             checkpoint_snapshot,
+            optimizer_state,
         )
 
     def estimate(self, batch_size: int, grad_accum_steps: int = 1) -> dict[str, int]:
@@ -99,7 +108,8 @@ class StepMemory:
         weights = 4 * parameters
         if precision != "fp32":
             weights += 2 * parameters  # autocast caches a 16-bit copy of each weight for the step
-        gradients, optimizer = 4 * parameters, 8 * parameters
+        gradients = 4 * parameters
+        optimizer = 8 * parameters if self.optimizer_state is None else self.optimizer_state
         if self.activation_checkpointing:
             # Each block keeps only its fp32 input; the backward recomputes one block at a time, and the
             # loss one `LOSS_CHUNK_TOKENS` piece at a time (its input, ln_f's output, is kept whole).
@@ -114,7 +124,7 @@ class StepMemory:
         # The logits at the activation width and their fp32 log-probabilities (which become the gradient).
         logits = logit_tokens * config.vocab_size * (width + 4)
         # Host memory: on CUDA the snapshot is not on the device.
-        snapshot = 12 * parameters if self.checkpoint_snapshot and self.device != "cuda" else 0
+        snapshot = 4 * parameters + optimizer if self.checkpoint_snapshot and self.device != "cuda" else 0
         # Gradients exist during a forward pass only while they accumulate over micro-batches.
         accumulating = gradients if grad_accum_steps > 1 else 0
         forward_peak = weights + optimizer + activations + logits + accumulating

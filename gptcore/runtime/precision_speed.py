@@ -126,7 +126,7 @@ def measure_precision_speeds(device: str) -> PrecisionSpeeds:
             device,
             _flops(device, precision, train_shape) / fp32[0],
             _flops(device, precision, decode_shape) / fp32[1],
-            _native(precision) if device == "cpu" else None,
+            cpu_native(precision) if device == "cpu" else None,
         )
         for precision in PRECISIONS
     )
@@ -164,7 +164,7 @@ def synchronize(device: str) -> None:
         torch.mps.synchronize()
 
 
-def _native(precision: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
+def cpu_native(precision: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
     """Whether the CPU's flags name an instruction set computing `precision` (None: flags unknown)."""
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")

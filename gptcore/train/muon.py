@@ -10,6 +10,11 @@ group's learning rate is the schedule's rate times its `lr_scale` (Muon's rate o
 
 Every rank of a data-parallel run steps the same all-reduced gradients through the same deterministic
 iterations, so Muon's update is the same on every rank, as AdamW's is.
+
+`torch.optim.Muon` orthogonalises in bfloat16, cheap where the hardware multiplies bf16 (a GPU, a CPU
+with AVX512-BF16 or AMX) and several times dearer than fp32 where a CPU converts every operand (an
+AVX2-only one): `Muon` here is torch's with the iterations' dtype chosen per device
+(`orthogonal_dtype`), the same update to bf16's rounding, the same state and checkpoints.
 """
 
 from __future__ import annotations
@@ -18,9 +23,63 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.optim._muon import _adjust_lr  # torch's per-shape rate (pinned torch: its private helper)
+
+from gptcore.runtime.precision_speed import cpu_native
 
 LR_SCALE = "lr_scale"  # a param group's rate relative to the schedule's (gptcore.train.schedule)
+
+
+def orthogonal_dtype(device: str) -> torch.dtype:
+    """bf16 (torch's choice) where it is multiplied natively: CUDA, or a CPU whose flags say so; fp32
+    elsewhere. Read from the CPU's flags, not timed, so a resume on the same machine chooses the same."""
+    if device == "cuda" or (device == "cpu" and cpu_native("bf16")):
+        return torch.bfloat16
+    return torch.float32
+
+
+def orthogonalise(update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype) -> Tensor:  # fmt: skip
+    """The Newton-Schulz iterations of torch's Muon (a quintic pushing every singular value towards 1)
+    in `dtype`: about U V^T of the update's SVD, semi-orthogonal whichever side is longer."""
+    a, b, c = coefficients
+    tall = update.size(0) > update.size(1)
+    x = update.to(dtype)
+    x = x.T if tall else x  # the Gram matrix of the short side: the cheaper product
+    x = x.div(x.norm().clamp(min=eps))  # spectral norm at most 1: inside the iteration's basin
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Muon):
+    """`torch.optim.Muon` (its groups, defaults, state and checkpoints) orthogonalising in
+    `orthogonal_dtype`: with bf16 it is torch's step to the bit (tests/test_muon.py)."""
+
+    def __init__(self, params: Any, *, dtype: torch.dtype = torch.bfloat16, **options: Any) -> None:
+        super().__init__(params, **options)
+        self.dtype = dtype
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for parameter in group["params"]:
+                if parameter.grad is None:
+                    continue
+                grad, state = parameter.grad, self.state[parameter]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                buffer = state["momentum_buffer"]
+                buffer.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+                update = orthogonalise(
+                    update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.dtype
+                )
+                parameter.mul_(1 - lr * group["weight_decay"])
+                parameter.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], parameter.shape))
 
 
 def hidden_matrices(model: nn.Module) -> set[int]:

@@ -34,7 +34,7 @@ from gptcore.runtime.memory import StepMemory
 from gptcore.train.config import TrainingConfig
 from gptcore.train.guards import DivergenceGuard, NonFiniteGuard
 from gptcore.train.job import TrainJob
-from gptcore.train.muon import LR_SCALE, MuonWithAdamW, hidden_matrices
+from gptcore.train.muon import LR_SCALE, Muon, MuonWithAdamW, hidden_matrices, orthogonal_dtype
 from gptcore.train.schedule import WarmupCosine
 
 
@@ -98,13 +98,21 @@ def make_optimizer(
         return adamw
     matrices = [p for p in model.parameters() if id(p) in muon]
     scale = opt.muon_learning_rate / opt.learning_rate  # the schedule's rate is AdamW's
-    orthogonal = torch.optim.Muon(
+    orthogonal = Muon(
         [{"params": matrices, LR_SCALE: scale}],
         lr=opt.muon_learning_rate,
         weight_decay=opt.weight_decay,
         momentum=opt.muon_momentum,
+        dtype=orthogonal_dtype(runtime.device),
     )
     return MuonWithAdamW(orthogonal, adamw)
+
+
+def optimizer_state_bytes(model: torch.nn.Module, training: TrainingConfig) -> int:
+    """The fp32 state `make_optimizer`'s optimizer keeps: two AdamW moments per parameter, one Muon
+    momentum per entry of the matrices Muon trains."""
+    muon = hidden_matrices(model) if training.optimizer.name == "muon" else set()
+    return sum((4 if id(p) in muon else 8) * p.numel() for p in model.parameters())
 
 
 def planned_steps(section: TrainingConfig, train_set: ExampleSet | None, plan: StepPlan) -> int | None:

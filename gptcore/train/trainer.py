@@ -45,6 +45,7 @@ from gptcore.train.setup import (
     make_guards,
     make_optimizer,
     open_data,
+    optimizer_state_bytes,
     planned_steps,
     seed_everything,
     trajectory_settings,
@@ -88,7 +89,8 @@ class Trainer:
         self.model.to(runtime.device)
         self.model.activation_checkpointing = runtime.activation_checkpointing
         snapshot = t.async_checkpoints and job.writes_checkpoints  # a background write copies the state
-        self.step_memory = StepMemory.for_run(self.model, runtime, checkpoint_snapshot=snapshot)
+        state = optimizer_state_bytes(self.model, t)
+        self.step_memory = StepMemory.for_run(self.model, runtime, snapshot, optimizer_state=state)
         self.batch = choose_batch(job, runtime, self.model, self.step_memory, self.memory.held())
         self.runtime: Runtime = self.batch.applied_to(runtime)
         self.plan = StepPlan(self.runtime.batch_size, self.runtime.grad_accum_steps, job.world_size, job.rank)

@@ -37,8 +37,8 @@ class ModelProfile(Strict):
     gpu: DeviceDefaults = Field(description="batch, precision and workers on an accelerator (CUDA, MPS)")
 
     def as_params(self) -> dict[str, Any]:
-        """The profile as `model.*` run params: its name and architecture."""
-        return {"model.profile": self.name} | {
+        """The profile as `model.*` run params: its name, its recipe in a word and its architecture."""
+        return {"model.profile": self.name, "model.recipe": self.architecture.recipe_name()} | {
             f"model.{key}": value for key, value in self.architecture.model_dump().items()
         }
 
@@ -270,6 +270,13 @@ class PipelineParams(Strict):
         if stage == "full":
             return self.full
         return self.smoke.model_copy(update={"optimizer": self.smoke.optimizer or self.full.optimizer})
+
+    def optimizer_params(self, stage: TrainingStage = "full") -> dict[str, Any]:
+        """The stage's optimizer settings as `optimizer.*` run params: its name always, Muon's settings
+        only when it is chosen."""
+        optimizer = self.training_section(stage).optimizer
+        settings = {"name": optimizer.name} | optimizer.identity()
+        return {f"optimizer.{key}": value for key, value in settings.items()}
 
     @property
     def smoke_optimizer_source(self) -> Literal["smoke", "full"]:

@@ -90,7 +90,7 @@ class PipelineRecorder:
             )
         recorder = cls(session, parent, writer, params, name)
         writer.log_artifact(parent, params_path, "params")
-        writer.log_params(parent, params.model.as_params())
+        writer.log_params(parent, params.model.as_params() | params.optimizer_params())
         if trial:
             swept = trial.get("values", {})
             writer.log_params(parent, {f"sweep.{key}": value for key, value in swept.items()})
@@ -132,10 +132,10 @@ class PipelineRecorder:
             run_id = self.stage_run(stage)
             if run_id is None:
                 return None  # no stage run to record into: the training goes on untracked
-            params = {
-                **(self.params.model.as_params() if self.params is not None else {}),
-                **self.data_params,
-            }
+            section = "smoke" if stage == "smoke" else "full"  # a fine-tune trains with the full section
+            recipe = {} if self.params is None else self.params.model.as_params()
+            recipe |= {} if self.params is None else self.params.optimizer_params(section)
+            params = {**recipe, **self.data_params}
             self.callbacks[stage] = self.session.training_callback(
                 stage,
                 run_id=run_id,
