@@ -58,8 +58,8 @@ class Muon(torch.optim.Muon):
     """`torch.optim.Muon` (its groups, defaults, state and checkpoints) orthogonalising in
     `orthogonal_dtype`: with bf16 it is torch's step to the bit (tests/test_muon.py)."""
 
-    def __init__(self, params: Any, *, dtype: torch.dtype = torch.bfloat16, **options: Any) -> None:
-        super().__init__(params, **options)
+    def __init__(self, groups: Any, *, dtype: torch.dtype = torch.bfloat16, **options: Any) -> None:
+        super().__init__(groups, **options)  # the parameters, or their groups
         self.dtype = dtype
 
     @torch.no_grad()

@@ -126,8 +126,8 @@ def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def iteration_file(iteration: int) -> Path:
     path = PARAMS_DIR / f"iteration_{iteration}.yaml"
     if not path.is_file():
-        files = PARAMS_DIR.glob("iteration_*.yaml")
-        known = ", ".join(sorted(p.stem.removeprefix("iteration_") for p in files))
+        numbers = (p.stem.removeprefix("iteration_") for p in PARAMS_DIR.glob("iteration_*.yaml"))
+        known = ", ".join(sorted(n for n in numbers if n.isdigit()))  # not a variant: iteration_1_modern
         raise ConfigError(
             f"--iteration {iteration}: no parameter file {path.name} (known iterations: {known})"
         )

@@ -172,7 +172,8 @@ PARAM_FILE_CASES = [
     Case(
         "unknown-model-profile",
         run("p.yaml"),
-        "model profile 'gpt_9000' not found (known profiles: gpt2_124m, gpt_100m, gpt_42m, gpt_first_cpu)",
+        "model profile 'gpt_9000' not found (known profiles: gpt2_124m, gpt_100m, gpt_42m, gpt_first_cpu, "
+        "gpt_first_cpu_modern)",
         {"p.yaml": changed("model", "gpt_9000")},
     ),
     Case(
