@@ -54,7 +54,7 @@ def finetune_method(
     choice("--until", until, FINETUNE_STAGES)
     params = finetune_params(params_path, list(overrides or []))
     title = f"gptpipe fine-tune {params.finetune.name} ({params.finetune.method}): {Path(params_path).name}"
-    report = PipelineReport(until, title, FINETUNE_STAGES)
+    report = PipelineReport(until, title, FINETUNE_STAGES, params_path=params_path)
     tracking = PipelineRecorder.start(params, Path(params_path), str(flow_run.get_id() or ""), trial=trial)
     report.links.update(tracking.links())
     try:

@@ -42,7 +42,8 @@ def end_to_end(
     hide_user_error_tracebacks()
     choice("--until", until, STAGES)
     params = load_params(params_path, list(overrides or []))
-    report = PipelineReport(until, title=f"gptpipe iteration {params.iteration}: {Path(params_path).name}")
+    title = f"gptpipe iteration {params.iteration}: {Path(params_path).name}"
+    report = PipelineReport(until, title, params_path=params_path)
     flow_run_id = str(flow_run.get_id() or "")
     tracking = PipelineRecorder.start(params, Path(params_path), flow_run_id=flow_run_id, trial=trial)
     report.links.update(tracking.links())

@@ -1,5 +1,5 @@
-"""The run's record of its stages: states, outputs, figures; printed as one JSON line and kept as a
-Prefect markdown artifact.
+"""The run's record of its stages: states, outputs, figures; printed as one JSON line (a few lines in
+words at a terminal) and kept as a Prefect markdown artifact.
 
 Stages run in order. Past `--until`, or after a failure, the remaining stages are `skipped`.
 """
@@ -21,9 +21,12 @@ log = logging.getLogger(__name__)
 
 
 class PipelineReport:
-    def __init__(self, until: str, title: str, stages: tuple[str, ...] = STAGES) -> None:
+    def __init__(
+        self, until: str, title: str, stages: tuple[str, ...] = STAGES, params_path: str | None = None
+    ) -> None:
         self.until = until
         self.title = title
+        self.params_path = params_path  # the file the run read: what `gptpipe ui` is told in the last lines
         self.stages = stages  # in order: the pipeline's, or a fine-tune's (FINETUNE_STAGES)
         self.outcomes: dict[str, StageOutcome] = {}
         self.stopped: str | None = None  # why the remaining stages are skipped
@@ -81,6 +84,19 @@ class PipelineReport:
         sys.stdout.flush()
         print(json.dumps(self.to_dict(), default=str), flush=True)
 
+    def print_end(self) -> None:
+        """A few lines in words for a person at a terminal (`flows.closing_lines`), else the JSON line:
+        for a pipe, `--json` and `GPTPIPE_JSON=1`."""
+        from gptcore.tools.console import wants_progress_bar
+
+        if not wants_progress_bar():
+            self.print_json()
+            return
+        from flows.closing_lines import closing_lines
+
+        sys.stdout.flush()
+        print("\n".join(closing_lines(self.to_dict(), self.links, self.params_path)), flush=True)
+
     def markdown(self) -> str:
         rows = []
         for name in self.stages:
@@ -96,14 +112,14 @@ class PipelineReport:
     def close(self, tracking: Any, key: str) -> None:
         """The flow's end, however it ends: stages never reached marked skipped, failed ones recorded
         (their child runs end FAILED with the reason), the parent run ended, the summary published as
-        the artifact `key` and printed as the last JSON line."""
+        the artifact `key` and printed: the last JSON line, or a few lines in words at a terminal."""
         self.finish()
         for outcome in self.outcomes.values():
             if outcome.state == "failed":
                 tracking.record_stage(outcome)
         tracking.finish(self)
         self.publish_artifact(key=key)
-        self.print_json()
+        self.print_end()
 
     def publish_artifact(self, key: str) -> None:
         try:

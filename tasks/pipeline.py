@@ -37,6 +37,7 @@ from tasks.stages import training as training_stages
 from tasks.stages.device import device_task
 from tasks.tracking import PipelineRecorder
 from tasks.tracking.models.registry import registered_name
+from tasks.tracking.models.test_split import split_tags
 
 
 def data_root(params: PipelineParams) -> str:
@@ -116,7 +117,7 @@ def full(
     name: str = "full",
 ) -> StageOutcome:
     """Full training (`name`: `finetune` for a fine-tune's, which starts from its base)."""
-    refusal = training_stages.full_refusal(params, device.result)
+    refusal = training_stages.full_refusal(params, device.result.runtime.device)
     if refusal:
         outcome = StageOutcome(name, "skipped", message=refusal)
         training_stages.announce(refusal)
@@ -193,10 +194,15 @@ def evaluate(
         name = registered_name(params)
         gate = evaluate_stage.benchmark_gate(params, outcome.result)
         benchmarks = BenchmarkScores.from_dict(outcome.result.benchmarks).figures()
+        split = split_tags(tokens.result.test)
         registration = tracking.register_evaluated(
-            name, checkpoint, read.digest, bits, lineage, benchmarks, gate
+            name, checkpoint, read.digest, bits, lineage, benchmarks, gate, split
         )
         if registration is not None:
+            if registration.not_compared:
+                training_stages.announce(
+                    f"evaluate: {name} version {registration.model_version}: {registration.not_compared}"
+                )
             figures = {**outcome.figures, **registration.figures()}
             outcome.result = outcome.result.model_copy(update={"figures": figures})
     tracking.record_stage(outcome)
@@ -234,8 +240,9 @@ def quantize(
     outcome = read.run("quantize", quantize_stage.quantize_task, QuantizeResult, fingerprint, params, tokens)
     if outcome.result is not None:
         registrations = tracking.record_quantized(
-            registered_name(params), outcome.result, read.digest, params.quantize.may_hold_champion
-        )
+            registered_name(params), outcome.result, read.digest, params.quantize.may_hold_champion,
+            split_tags(tokens.result.test),
+        )  # fmt: skip
         figures = dict(outcome.figures)
         for method, registration in registrations.items():
             if registration is not None:

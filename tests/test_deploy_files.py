@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.servers.team import DATABASES
+from flows.servers.team import AUTH_CACHE_SECONDS, DATABASES
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
@@ -19,6 +19,8 @@ def test_the_compose_file_makes_the_same_databases_and_servers_as_gptpipe_server
     assert set(services) == {"postgres", "mlflow", "prefect"}
     mlflow = " ".join(services["mlflow"]["command"])
     assert "--app-name basic-auth" in mlflow and "--artifacts-destination" in mlflow
+    # The password cache the load figures depend on (docs/deployment.md): the same as gptpipe servers'.
+    assert f"auth_cache_ttl_seconds = {AUTH_CACHE_SECONDS}" in mlflow
     assert services["mlflow"]["environment"]["MLFLOW_BACKEND_STORE_URI"].endswith("/mlflow")
     prefect = services["prefect"]["environment"]
     assert prefect["PREFECT_API_DATABASE_CONNECTION_URL"].endswith("/prefect")

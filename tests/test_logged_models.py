@@ -305,3 +305,81 @@ def test_a_registered_model_another_run_made_meanwhile_is_used(trained) -> None:
     client = LookedTooEarly(session.client)
     registration = register(client, session.experiment_id, callback.run_id, "gpt-race", run / "final.pt", 2.0)
     assert client.looked and (registration.model_version, registration.alias) == ("1", "champion")
+
+
+def test_gptpipe_quantize_measures_a_model_on_its_own_test_split_and_refuses_when_it_is_gone(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a fine-tune's text was encoded with the same tokenizer, the newest such split is not the
+    model's: quantize finds the model's own by the fingerprint its version names, and says which."""
+    import shutil
+    import sysconfig
+
+    from flows.cli.main import main
+    from gptcore.data.build import build_token_files
+    from gptcore.data.config import CorpusConfig
+    from gptcore.data.corpus import open_corpus
+    from gptcore.data.tokenfile import split_fingerprint
+    from gptcore.data.tokenizer import read_tokenizer_manifest
+    from tasks.tracking.models.registry import register
+    from tasks.tracking.models.test_split import split_tags
+
+    session, callback, run = trained
+    own_folder = next(run.parent.glob("tokens/*/test.manifest.json")).parent
+    data = tmp_path / "data"
+    shutil.copytree(own_folder, data / "tokens" / own_folder.name)  # the model's own split
+    own = data / "tokens" / own_folder.name / "test.manifest.json"
+    fingerprint = split_fingerprint(own)
+    client, name = session.client, "gpt-own-split"
+    register(
+        client, session.experiment_id, callback.run_id, name, run / "final.pt", 2.0, split=split_tags(own)
+    )
+    logged = client.get_logged_model(client.get_model_version(name, "1").tags["model_id"])
+    assert logged.tags["test_split"] == fingerprint  # models:/<id> names its split too
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])  # other text, encoded with the model's tokenizer: newer
+    other_text = CorpusConfig(
+        source="local", paths=[str(stdlib / "http" / "*.py")], validation_fraction=0.2, test_fraction=0.2
+    )
+    tokenizer = read_tokenizer_manifest(next((run.parent / "tokenizers").iterdir()))
+    newer = Path(build_token_files(open_corpus(other_text), tokenizer, data).test.path)
+    params = tmp_path / "params.yaml"
+    params.write_text(f"""\
+iteration: 1
+model:
+  name: tiny
+  architecture: {{n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 400}}
+  cpu: {{batch_size: 4}}
+  gpu: {{batch_size: 4}}
+tokenizer: {{vocab_size: 400}}
+corpus: {{source: local, paths: ["{tmp_path}"]}}
+paths: {{data_root: "{data}", checkpoint_root: "{tmp_path / "checkpoints"}"}}
+""")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", session.target.uri)
+    quantize = [
+        "quantize",
+        "--model",
+        f"models:/{name}@champion",
+        "--params",
+        str(params),
+        "--methods",
+        "bf16",
+    ]
+    assert main([*quantize, "--no-register", "--output", str(tmp_path / "q1")]) == 0
+    said = capsys.readouterr().err
+    assert f"quantize: models:/{name}@champion: measured on its own test split {own} " in said
+    assert f"(test split {fingerprint})" in said and str(newer) not in said
+
+    assert main([*quantize, "--test-tokens", str(newer), "--output", str(tmp_path / "q2")]) == 0
+    said = capsys.readouterr().err
+    assert f"not the model's own test split {fingerprint}" in said
+    bf16 = client.get_model_version_by_alias(name, "bf16").tags  # measured elsewhere: not compared
+    assert bf16["test_split"] == split_fingerprint(newer)
+    assert bf16["not_compared"].startswith("not compared with the champion (version 1): measured on another")
+    assert f"{name} version 2: not compared with the champion (version 1)" in said
+
+    shutil.rmtree(own.parent)  # the model's own split is gone: no other text stands in for it
+    assert main([*quantize, "--no-register", "--output", str(tmp_path / "q3")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith(f"error: --test-tokens: models:/{name}@champion")
+    assert f"test split {fingerprint}" in error and error.endswith("or pass --test-tokens PATH")

@@ -11,18 +11,17 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gptcore.errors import TrainingError
-from gptcore.runtime.config import RuntimeConfig
 from tasks.params.loading import load_params
 from tasks.params.schema import STAGES
-from tasks.results import DeviceResult, StageResult, file_record
+from tasks.results import StageResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge
 from tasks.stages.training import full_refusal
 
@@ -94,6 +93,33 @@ def gptpipe(env: dict[str, str], *args: str, check: bool = True) -> subprocess.C
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def at_a_terminal(env: dict[str, str], *args: str) -> str:
+    """`gptpipe run` as a person runs it, its stdout a (pseudo-)terminal: what it printed there."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    command = [*GPTPIPE, "run", *args]
+    with (
+        tempfile.TemporaryFile() as stderr,
+        subprocess.Popen(command, env=env, cwd=REPO, stdout=follower, stderr=stderr) as process,
+    ):
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        stderr.seek(0)
+        assert process.wait(timeout=300) == 0, stderr.read()[-3000:].decode(errors="replace")
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
 
 
 def stages_of(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
@@ -174,6 +200,14 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     assert version == figures["model_version"]  # the same checkpoint: the same version, still champion
     again_quantized = stages_of(again)["quantize"]["figures"]
     assert again_quantized["int8-weight-only/model_version"] == quantized["int8-weight-only/model_version"]
+
+    # At a terminal the run ends in words: where the model is, its test bits per byte, how to look.
+    seen = at_a_terminal(prefect_env, "--params", params)
+    assert '{"stages"' not in seen
+    assert "Model:     models:/gptpipe-iteration-1@champion (version 1)" in seen
+    assert f"Test:      {figures['test_bits_per_byte']:.3f} bits per byte" in seen
+    assert f"gptpipe ui --params {params}" in seen and "gptpipe generate --model" in seen
+    assert '{"stages"' in at_a_terminal(prefect_env, "--params", params, "--json")
 
     # A deleted output file: its stage runs again; stages downstream keep their cache (same fingerprint).
     Path(stages_of(again)["tokens"]["outputs"][1]).unlink()
@@ -375,13 +409,23 @@ def test_a_smoke_result_holds_its_batch_typed_and_one_cached_without_it_still_re
 
 
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:
-    from gptcore.runtime.device import device_report, resolve_runtime
-
     params = load_params(REPO / "params" / "iteration_2.yaml")
-    decided = resolve_runtime(RuntimeConfig(device="cpu", precision="fp32"), params.defaults_for)
-    report = device_report("cpu", precision_speeds=False)
-    cpu = DeviceResult(device=report, runtime=decided)
-    assert "needs CUDA" in full_refusal(params, cpu)
-    assert full_refusal(params, DeviceResult(device=report, runtime=replace(decided, device="cuda"))) is None
+    assert "needs CUDA" in full_refusal(params, "cpu")
+    assert full_refusal(params, "cuda") is None
     bounded = load_params(REPO / "params" / "iteration_2.yaml", ["runtime.device=cpu", "full.max_steps=5"])
-    assert full_refusal(bounded, cpu) is None
+    assert full_refusal(bounded, "cpu") is None
+
+
+def cpu_only() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, also on a machine that has one
+
+
+def test_iteration_2_on_a_machine_without_cuda_is_refused_before_it_reads_a_token(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*GPTPIPE, "run", "--iteration", "2"], cwd=REPO, capture_output=True, text=True, env=cpu_only()
+    )
+    assert result.returncode != 0
+    assert "full training needs CUDA" in result.stderr and "--until smoke" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,8 +1,9 @@
 """`gptpipe`: the command line, a thin door onto flows and gptcore.
 
-The commands are plain functions in `cli_pipeline.py` (run), `cli_train.py` (device, train, generate)
-and `cli_tracking.py` (ui, compare, tracking replay), registered here and nowhere else; what several
-take alike (the parameter file, choices from the config's types) is in `cli_options.py`. They import
+The commands are plain functions in `pipeline.py` (run, sweep, finetune), `train.py` (device, train,
+generate), `models.py` (merge, import, serve, export, quantize, benchmark), `tracking.py` (ui, compare,
+tracking replay) and `servers.py` (servers), registered here and nowhere else; what several take alike
+(the parameter file, choices from the config's types) is in `options.py`. They import
 heavy libraries (torch, Prefect, MLflow) only when they run, so `gptpipe --help` and bad flags answer
 quickly. Every failure a user can act on comes out as one line on stderr and a non-zero exit, never a
 traceback.

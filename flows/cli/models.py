@@ -21,6 +21,7 @@ from gptcore.errors import GptpipeError
 if TYPE_CHECKING:
     from gptcore.export.model_files import ModelFiles
     from gptcore.serving.app import CompletionServer
+    from tasks.tracking.models.test_split import ChosenSplit
 
 
 def import_command(
@@ -302,7 +303,7 @@ def quantize_command(
     model: str = typer.Option(..., "--model", help="the fp32 model: models:/NAME@ALIAS, models:/NAME/N, ..."),
     methods: str = typer.Option("int8-weight-only", "--methods", help=METHODS_HELP),
     test_tokens: Path | None = typer.Option(
-        None, "--test-tokens", help="default: the newest test.bin under the data root from its tokenizer"
+        None, "--test-tokens", help="default: the model's own test split, found under the data root"
     ),
     output: Path | None = typer.Option(None, "--output", help="default: <checkpoint root>/quantized-<hash>"),
     params_file: Path | None = typer.Option(None, "--params", help="parameter file: store, settings, paths"),
@@ -324,6 +325,7 @@ def quantize_command(
     from gptcore.tools.fingerprint import sha256_file
     from tasks.params.loading import choice
     from tasks.tracking.models.model_uri import model_files_of
+    from tasks.tracking.models.test_split import split_tags
 
     _, params = resolve_params(params_file, iteration, [])
     chosen = [
@@ -339,35 +341,49 @@ def quantize_command(
             )
         trained = read_model_files(files.weights, files.config)
         data_root = Path(params.paths.data_root)
-        test = _test_stream(test_tokens, files.tokenizer, trained.config.vocab_size, data_root)
+        chosen_split = _test_split(model, params, test_tokens, files.tokenizer, data_root)
+        test = _test_stream(chosen_split.path, files.tokenizer, trained.config.vocab_size)
         folder = output or Path(params.paths.checkpoint_root) / f"quantized-{sha256_file(files.weights)[:16]}"
         settings = params.quantize.model_copy(update={"methods": chosen})
         rows = measure_tradeoff(trained, chosen, test, files.tokenizer, settings, params.evaluate, folder)
     machine = cpu_features()
     write_tradeoff(rows, machine, folder)
     print(tradeoff_markdown(rows, machine), file=sys.stderr)
-    registered = _register_tradeoff(model, params, rows, folder) if register else {}
+    split = split_tags(chosen_split.path)
+    registered = _register_tradeoff(model, params, rows, folder, split) if register else {}
     summary = {"model": model, "output": str(folder.resolve()), "registered": registered}
     print(json.dumps({**summary, "rows": [row.to_dict() for row in rows]}))
 
 
-def _test_stream(given: Path | None, tokenizer: Path, vocab_size: int, data_root: Path) -> object:
-    """The held-out test tokens to measure on: `given`, else the newest made with the model's tokenizer."""
-    from gptcore.data.tokenfile import check_tokenizer, find_test_tokens, open_tokens
-    from gptcore.errors import DataError
+def _test_split(
+    model: str, params: object, given: Path | None, tokenizer: Path, data_root: Path
+) -> ChosenSplit:
+    """The test split to measure `model` on (`test_split.own_split`: its own unless `--test-tokens` says
+    otherwise), and a line on stderr naming it."""
+    from gptcore.data.tokenfile import find_test_tokens
+    from tasks.tracking.models.model_uri import recorded_split
+    from tasks.tracking.models.test_split import own_split
+    from tasks.tracking.store import connect, resolve_target
 
-    path = given or find_test_tokens(tokenizer, data_root)
-    if path is None:
-        raise DataError(
-            f"--test-tokens: no test.bin under {data_root}/tokens made with this model's tokenizer "
-            "(gptpipe run builds one); pass --test-tokens PATH"
-        )
+    in_store = model.startswith("models:/")  # a folder or hf: names no split: no store to ask
+    recorded = recorded_split(connect(resolve_target(params.tracking)), model) if in_store else {}
+    chosen = own_split(model, recorded, given, data_root, lambda: find_test_tokens(tokenizer, data_root))
+    print(f"quantize: {chosen.line}", file=sys.stderr)
+    return chosen
+
+
+def _test_stream(path: Path, tokenizer: Path, vocab_size: int) -> object:
+    """The held-out test tokens at `path`, checked to be made with the model's tokenizer."""
+    from gptcore.data.tokenfile import check_tokenizer, open_tokens
+
     test = open_tokens(path)
     check_tokenizer(tokenizer, vocab_size, (test,))
     return test
 
 
-def _register_tradeoff(model: str, params: object, rows: list, folder: Path) -> dict[str, str]:
+def _register_tradeoff(
+    model: str, params: object, rows: list, folder: Path, split: dict[str, str]
+) -> dict[str, str]:
     """The table on a new run beside the one that trained the model (its experiment), and each quantized
     model a version of the registered model `model` names (nothing for a logged model's id or a folder):
     each method's URI."""
@@ -386,7 +402,12 @@ def _register_tradeoff(model: str, params: object, rows: list, folder: Path) -> 
     table = [row.to_dict() for row in rows]
     digest, may_win = source.tags["checkpoint_sha256"], params.quantize.may_hold_champion
     try:
-        done = record_tradeoff(client, experiment, run_id, source.name, table, folders, digest, may_win)
+        done = record_tradeoff(
+            client, experiment, run_id, source.name, table, folders, digest, may_win, split=split
+        )
     finally:
         client.set_terminated(run_id)
+    for found in done.values():
+        if found.not_compared:
+            print(f"{source.name} version {found.model_version}: {found.not_compared}", file=sys.stderr)
     return {method: f"models:/{source.name}/{found.model_version}" for method, found in done.items()}

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from flows.cli.options import json_lines_only, resolve_params
+from gptcore.errors import ConfigError
 from tasks.params.loading import choice
 from tasks.params.schema import STAGES, PipelineParams
 
@@ -31,6 +32,8 @@ def run(
         check_benchmarks(checked.evaluate)  # the harness and every task there, before training
     if checked.full.init_from is not None:
         _check_start(checked)
+    if STAGES.index(until) >= STAGES.index("full"):
+        _check_full_can_run(checked, params_path)
     _start_prefect(checked)
     from flows.pipeline import end_to_end
 
@@ -87,7 +90,7 @@ def finetune_command(
     json_only: bool = typer.Option(False, "--json", help="no progress bar, also on a terminal"),
 ) -> None:
     """Fine-tune a trained model on new text: base → tokens (the base's tokenizer) → device → smoke →
-    finetune → evaluate (registered as gptpipe-iteration-N-<name>) → before-after; LoRA and full
+    finetune → merge → evaluate (registered as gptpipe-iteration-N-<name>) → before-after; LoRA and full
     fine-tuning side by side unless finetune.compare is false."""
     json_lines_only(json_only)
     overrides = [*overrides, *([f"finetune.model={model}"] if model else [])]
@@ -106,6 +109,21 @@ def finetune_command(
     print(json.dumps(summary, default=str), flush=True)
     if summary.get("failed"):
         raise typer.Exit(1)
+
+
+def _check_full_can_run(checked: PipelineParams, params_path: Path) -> None:
+    """Refuse before the data stages a run whose full training this machine would refuse after them
+    (iterations 2 and 3 on a CPU read about a billion tokens first): the run's own rule, asked now."""
+    import torch
+
+    from tasks.stages.training import full_refusal
+
+    if full_refusal(checked, "cuda" if torch.cuda.is_available() else "cpu") is not None:
+        raise ConfigError(
+            f"{params_path}: full training needs CUDA (full.require_cuda: true) and this machine has none; "
+            "nothing was started. Add --until smoke to build the data and prove the settings here, or set "
+            "runtime.device=cpu with a bounded full.max_steps to train on the CPU anyway."
+        )
 
 
 def _check_start(checked: PipelineParams) -> None:

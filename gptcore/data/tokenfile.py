@@ -274,3 +274,27 @@ def find_test_tokens(tokenizer: Path, data_root: Path, other_than_corpus: str | 
         if other_than_corpus is None or manifest.corpus_fingerprint != other_than_corpus:
             found.append(path)
     return max(found, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def split_fingerprint(path: str | Path) -> str:
+    """The identity of a split's content (16 hex digits): its manifest's sha256 (a sharded split's is
+    of its shards' sha256s), else the file's own. Two token folders holding the same test text give the
+    same fingerprint, so figures measured on either compare."""
+    from gptcore.tools.fingerprint import sha256_file
+
+    manifest = read_manifest(path)
+    return (manifest.sha256 if manifest is not None and manifest.sha256 else sha256_file(path))[:16]
+
+
+def find_split(data_root: Path, fingerprint: str) -> Path | None:
+    """The test split under `data_root/tokens/` whose content has `fingerprint` (`split_fingerprint`),
+    or None: found by the manifests alone, so a token folder rebuilt under another name still is."""
+    found = [
+        path
+        for path in [
+            *Path(data_root).glob("tokens/*/test.bin"),
+            *Path(data_root).glob("tokens/*/test.manifest.json"),
+        ]
+        if read_manifest(path) is not None and split_fingerprint(path) == fingerprint
+    ]
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)

@@ -131,7 +131,8 @@ class FinetuneConfig(Strict):
     base_test_tokens: str | None = Field(
         default=None,
         description="the base corpus's test split (test.bin or its manifest), to measure what was "
-        "forgotten; unset: the newest one under paths.data_root made with the base's tokenizer",
+        "forgotten; unset: the base's own (the test_split its registered version names) under "
+        "paths.data_root, else the newest there made with the base's tokenizer",
     )
     weights: str | None = Field(
         default=None, description="set by the base stage: the base's model files, resolved from `model`"

@@ -1,5 +1,6 @@
-"""The export stage: the evaluated checkpoint as a Hugging Face GPT-2 folder (`export.hf: true`),
-cached on the checkpoint's content hash and the export code."""
+"""The export stage: the evaluated checkpoint as a Hugging Face folder (`export.hf: true`): GPT-2's
+layout, or Llama's / Qwen3's for the modern recipe; cached on the checkpoint's content hash and the
+export code."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from tasks.stages.training import announce, run_directory
 
 def export_fingerprint(digest: str) -> str:
     import gptcore.export.hf
+    import gptcore.export.hf_llama
     import gptcore.model.gpt
 
-    return fingerprint("export-hf", digest, code_version_of(gptcore.export.hf, gptcore.model.gpt))
+    code = code_version_of(gptcore.export.hf, gptcore.export.hf_llama, gptcore.model.gpt)  # both layouts
+    return fingerprint("export-hf", digest, code)
 
 
 @stage_task("export")

@@ -33,8 +33,9 @@ def resolve_base(params: PipelineParams) -> BaseResult:
     data_root = Path(params.paths.data_root).resolve()
     tokenizer = model_files_in(Path(base.folder)).tokenizer
     corpus = base.tokenizer["corpus_fingerprint"]
+    own = base.lineage.get("base_test_split")
     return base.model_copy(
-        update={"base_test_tokens": _base_test_split(params, tokenizer, data_root, corpus)}
+        update={"base_test_tokens": _base_test_split(params, tokenizer, data_root, corpus, own)}
     )
 
 
@@ -80,15 +81,23 @@ def finetune_section(params: PipelineParams, source: str = "the parameter file")
     return params.finetune
 
 
-def _base_test_split(params: PipelineParams, tokenizer: Path, data_root: Path, corpus: str) -> str | None:
+def _base_test_split(
+    params: PipelineParams, tokenizer: Path, data_root: Path, corpus: str, own: str | None = None
+) -> str | None:
     """`finetune.base_test_tokens`, checked to be a test split made with the base's tokenizer; unset, the
-    newest such split of another corpus under the data root (None: forgetting goes unmeasured)."""
-    from gptcore.data.tokenfile import check_tokenizer, find_test_tokens, open_tokens
+    base's own split (`own`, the fingerprint its registered version names) under the data root, else the
+    newest split made with its tokenizer of another corpus, said so (None: forgetting goes unmeasured)."""
+    from gptcore.data.tokenfile import check_tokenizer, find_split, find_test_tokens, open_tokens
     from gptcore.errors import DataError
 
     given = params.finetune.base_test_tokens if params.finetune else None
     if given is None:
-        found = find_test_tokens(tokenizer, data_root, other_than_corpus=corpus)
+        found = find_split(data_root, own) if own else None
+        if found is None:
+            found = find_test_tokens(tokenizer, data_root, other_than_corpus=corpus)
+            if found is not None:
+                why = f"its own test split {own} is not under {data_root}/tokens" if own else "it names none"
+                announce(f"base: forgetting measured on {found}, the newest split of its tokenizer ({why})")
         return str(found) if found else None
     try:
         stream = open_tokens(given)

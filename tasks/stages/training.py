@@ -140,9 +140,9 @@ def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) ->
     return root / f"iteration-{params.iteration}-{stage}-{stage_fingerprint}"
 
 
-def full_refusal(params: PipelineParams, device: DeviceResult) -> str | None:
-    """Why full training must not start on this machine, or None."""
-    if not params.full.require_cuda or device.runtime.device == "cuda":
+def full_refusal(params: PipelineParams, device: str) -> str | None:
+    """Why full training must not start on a machine whose runtime device is `device`, or None."""
+    if not params.full.require_cuda or device == "cuda":
         return None
     if params.runtime.device == "cpu" and params.full.max_steps is not None:
         return None  # the parameters explicitly ask for a bounded CPU run

@@ -170,11 +170,12 @@ class PipelineRecorder:
     def register_evaluated(
         self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float,
         lineage: dict | None = None, benchmarks: dict[str, float] | None = None, gate: Any = None,
+        split: dict[str, str] | None = None,
     ) -> Any:  # fmt: skip
         """The evaluated checkpoint registered as a version of `name`, champion or challenger
         (`tasks.tracking.models.registry`), a fine-tune's tagged with its `lineage`, every version with
-        its `benchmarks` figures, held back by the benchmark `gate` if given; None when the store did not
-        answer."""
+        its `benchmarks` figures and the test `split` it was measured on, held back by the benchmark
+        `gate` if given; None when the store did not answer."""
         from tasks.tracking.models.registry import register
 
         run_id = self._created_run("evaluate")
@@ -182,13 +183,13 @@ class PipelineRecorder:
             return None
         client, experiment = self.session.client, self.session.experiment_id
         arguments = (client, experiment, run_id, name, checkpoint, test_bits_per_byte, digest, lineage)
-        return self.writer.ask("register", register, *arguments, benchmarks, gate)
+        return self.writer.ask("register", register, *arguments, benchmarks, gate, split)
 
     def record_quantized(
-        self, name: str, result: Any, digest: str, may_hold_champion: bool
+        self, name: str, result: Any, digest: str, may_hold_champion: bool, split: dict | None = None
     ) -> dict[str, Any]:
         """The quantize stage's table and models in MLflow (`quantized.record_tradeoff`, each step through
-        the writer): the registration of each quantized method (None where the store did not answer)."""
+        the writer), measured on the test `split`: each method's registration (None: the store was away)."""
         from tasks.tracking.models.quantized import record_tradeoff
 
         if (stage_run := self.stage_run("quantize")) is not None:
@@ -198,8 +199,8 @@ class PipelineRecorder:
         if run_id is None:
             return {}
         client, experiment = self.session.client, self.session.experiment_id
-        arguments = (result.rows, result.model_folders, digest, may_hold_champion)
-        return record_tradeoff(client, experiment, run_id, name, *arguments, call=self.writer.ask)
+        arguments = (result.rows, result.model_folders, digest, may_hold_champion, self.writer.ask, split)
+        return record_tradeoff(client, experiment, run_id, name, *arguments)
 
     def producing_run(self, stage: str, fingerprint: str, exclude: str) -> str | None:
         """The latest child run that really ran `stage` with this fingerprint (not a cached one)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.errors import GptpipeError, first_line
+from tasks.tracking.models.test_split import CORPUS, TEST_SPLIT
 from tasks.tracking.store import connect, redact, resolve_target
 
 EXPECTED = "models:/NAME@ALIAS, models:/NAME/VERSION, models:/MODEL_ID, hf:FOLDER_OR_HUB_ID or a model folder"
@@ -35,6 +36,20 @@ def registered_version(client: Any, uri: str) -> Any:
     if "/" in name:
         return client.get_model_version(*name.split("/", 1))
     return None
+
+
+def recorded_split(client: Any, uri: str) -> dict[str, str]:
+    """The test split tags (`test_split.split_tags`) of the model `uri` names: a registered version's,
+    else a logged model's (`models:/ID`); empty for a folder, `hf:`, or a model registered before
+    gptpipe tagged splits."""
+    if not uri.startswith("models:/"):
+        return {}
+    version = registered_version(client, uri)
+    if version is not None:
+        tags = version.tags
+    else:
+        tags = client.get_logged_model(uri.removeprefix("models:/").strip("/")).tags or {}
+    return {key: tags[key] for key in (TEST_SPLIT, CORPUS) if tags.get(key)}
 
 
 def artifact_location(client: Any, uri: str) -> str:
@@ -144,8 +159,8 @@ def _hub_folder(repository: str, uri: str, into: Path) -> Path:
 def base_model(uri: str, config: Any, into: Path, key: str = "finetune.model") -> tuple[Any, dict[str, str]]:
     """The model files a run starts from (a registered or logged model's, downloaded into the folder
     `into`; `hf:`; or a local model-files folder's) and its lineage: the URI and, for a registered one,
-    its name, version, logged model and run, as the trained versions' tags name them. Errors name `key`,
-    the parameter file's key that gave the URI (`--model` sets finetune.model too)."""
+    its name, version, logged model, run and test split, as the trained versions' tags name them.
+    Errors name `key`, the parameter file's key that gave the URI (`--model` sets finetune.model too)."""
     from gptcore.export.model_files import model_files_in
 
     lineage = {"base_model_uri": uri}
@@ -166,5 +181,6 @@ def base_model(uri: str, config: Any, into: Path, key: str = "finetune.model") -
             base_model_version=str(version.version),
             base_model_id=getattr(version, "model_id", None) or "",
             base_run_id=version.run_id or "",
+            **({"base_test_split": version.tags[TEST_SPLIT]} if version.tags.get(TEST_SPLIT) else {}),
         )
     return files, lineage

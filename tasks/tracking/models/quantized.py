@@ -25,10 +25,12 @@ def record_tradeoff(
     digest: str,
     may_hold_champion: bool,
     call: Callable[..., Any] = _direct,
+    split: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Log the rows (`TradeoffRow.to_dict()`) on `run_id` and register every measured quantized model
     (its files in `model_folders[method]`) of the checkpoint whose sha256 is `digest` as a version of
-    `name`; the registration of each method. fp32 is the checkpoint itself, registered by evaluate.
+    `name`, measured on the test `split` (`test_split.split_tags`); the registration of each method. fp32
+    is the checkpoint itself, registered by evaluate.
 
     Each MLflow step goes through `call(what, function, *args)`: the pipeline passes its writer's `ask`,
     so every step is bounded in time and a store that stops answering is noted, not waited for."""
@@ -43,6 +45,8 @@ def record_tradeoff(
     for row in (TradeoffRow(**fields) for fields in rows):
         if row.measured and row.method != REFERENCE and row.method in model_folders:
             files = model_files_in(Path(model_folders[row.method]))
-            arguments = (client, experiment_id, run_id, name, files, digest, row.metrics(), may_hold_champion)
+            arguments = (
+                client, experiment_id, run_id, name, files, digest, row.metrics(), may_hold_champion, split
+            )  # fmt: skip
             registrations[row.method] = call("register", register_quantized, *arguments)
     return registrations

@@ -12,6 +12,15 @@ the floating-point model unless `quantize.may_hold_champion` lets a quantized on
 
 A version's benchmark figures (`<task>/<metric>`, lm-evaluation-harness's) are tags of it; with
 `evaluate.benchmark_gate` one of them must not regress for it to take `champion` (`gate.BenchmarkGate`).
+
+Bits per byte compare only on one text: every version names the test split it was measured on
+(`test_split`, `corpus_fingerprint`: `test_split.py`), and only versions on the champion's split compete
+with it. A version measured on another split neither takes nor loses `champion`: it gets `challenger`
+(a quantized one its method's alias), and its tag `not_compared` says why, e.g. "not compared with the
+champion (version 3): measured on another test split 1a2b... vs 3c4d...". Versions registered before the
+tag existed name no split: they compare with each other only (their split is unknown, not assumed the
+same), so a champion among them keeps `champion` until a person moves it. With no champion measured yet,
+the newcomer's split decides who competes.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.tracking.models.gate import PASSED, BenchmarkGate
+from tasks.tracking.models.test_split import TEST_SPLIT
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -42,15 +52,18 @@ class Registration:
     test_bits_per_byte: float
     champion_test_bits_per_byte: float | None  # the champion's before this decision (None: there was none)
     benchmark_gate: str | None = None  # the gate's verdict (None: no gate)
+    not_compared: str | None = None  # why it was not compared with the champion (None: it was, or none)
 
     def figures(self) -> dict[str, Any]:
         gate = {"benchmark_gate": self.benchmark_gate} if self.benchmark_gate is not None else {}
+        refused = {NOT_COMPARED: self.not_compared} if self.not_compared is not None else {}
         return {
             "registered_model": self.registered_model,
             "model_version": self.model_version,
             "alias": self.alias,
             "previous_champion_test_bits_per_byte": self.champion_test_bits_per_byte,
             **gate,
+            **refused,
         }
 
 
@@ -62,18 +75,22 @@ def registered_name(params: Any) -> str:
     return f"gptpipe-iteration-{params.iteration}{tune}"
 
 
-def evaluated_model(client: Any, experiment_id: str, run_id: str, checkpoint: Path, digest: str) -> Any:
-    """The logged model of `checkpoint` (by its sha256), logged now into `run_id` when there is none."""
+def evaluated_model(
+    client: Any, experiment_id: str, run_id: str, checkpoint: Path, digest: str, split: dict[str, str]
+) -> Any:
+    """The logged model of `checkpoint` (by its sha256), logged now into `run_id` when there is none;
+    tagged with the test `split` it was measured on (`test_split.split_tags`), so `models:/<id>` names it."""
     from tasks.tracking.models.logged_models import log_checkpoint_model
 
     found = client.search_logged_models(
         [experiment_id], filter_string=f"tags.checkpoint_sha256 = '{digest}'", max_results=1
     )
     if found:
+        if split:
+            client.set_logged_model_tags(found[0].model_id, split)
         return found[0]
-    model_id = log_checkpoint_model(
-        client, experiment_id, run_id, checkpoint, "evaluated", {"stage": "evaluate"}
-    )
+    tags = {"stage": "evaluate", **split}
+    model_id = log_checkpoint_model(client, experiment_id, run_id, checkpoint, "evaluated", tags)
     return client.get_logged_model(model_id)
 
 
@@ -88,14 +105,16 @@ def register(
     lineage: dict[str, str] | None = None,
     benchmarks: dict[str, float] | None = None,
     gate: BenchmarkGate | None = None,
+    split: dict[str, str] | None = None,
 ) -> Registration:
     """Register `checkpoint` (its sha256 `digest`, computed when not given) as a version of `name`; a
     fine-tune's `lineage` (its base model, the adapters' settings) and the `benchmarks` figures
-    (`<task>/<metric>`) tag the version; a `gate` the benchmark figure holds back from `champion`."""
+    (`<task>/<metric>`) tag the version; a `gate` the benchmark figure holds back from `champion`; `split`
+    (`test_split.split_tags`) names the test split `test_bits_per_byte` was measured on."""
     from gptcore.tools.fingerprint import sha256_file
 
     digest = digest or sha256_file(checkpoint)
-    model = evaluated_model(client, experiment_id, run_id, checkpoint, digest)
+    model = evaluated_model(client, experiment_id, run_id, checkpoint, digest, split or {})
     identity = {"checkpoint_sha256": digest}
     version = _version_of(client, name, identity)
     version = version or _new_version(client, name, model, identity, test_bits_per_byte, lineage=lineage)
@@ -105,8 +124,12 @@ def register(
     if verdict is not None:
         client.set_model_version_tag(name, version.version, "benchmark_gate", verdict)
     may_win = verdict is None or verdict.startswith(PASSED)
-    alias, best = _decide(client, name, version, test_bits_per_byte, may_win, otherwise=CHALLENGER)
-    return Registration(name, str(version.version), model.model_id, alias, test_bits_per_byte, best, verdict)
+    alias, best, refused = _decide(
+        client, name, version, test_bits_per_byte, may_win, CHALLENGER, split=split
+    )
+    return Registration(
+        name, str(version.version), model.model_id, alias, test_bits_per_byte, best, verdict, refused
+    )
 
 
 def register_quantized(
@@ -118,11 +141,13 @@ def register_quantized(
     digest: str,
     metrics: dict[str, float],
     may_hold_champion: bool = False,
+    split: dict[str, str] | None = None,
 ) -> Registration:
     """Register a quantized model's files (`gptcore.export.model_files.ModelFiles`) of the checkpoint whose
     sha256 is `digest` as a version of `name` tagged `quantization=<method>`, logged first as a logged
-    model of `run_id` with its trade-off `metrics`. The alias `<method>` moves to it; `champion` only
-    when `may_hold_champion` and its test bits per byte beat the champion's."""
+    model of `run_id` with its trade-off `metrics` (measured on the test `split`). The alias `<method>`
+    moves to it; `champion` only when `may_hold_champion` and its test bits per byte beat the champion's
+    on the same split."""
     from tasks.tracking.models.logged_models import log_files_model
 
     method = files.method
@@ -132,13 +157,14 @@ def register_quantized(
     bits = metrics[figure]
     version = _version_of(client, name, identity)
     if version is None:
-        tags = {**identity, "stage": "quantize"}
+        tags = {**identity, "stage": "quantize", **(split or {})}
         model_id = log_files_model(client, experiment_id, run_id, files, f"gpt-{method}", tags, metrics)
         version = _new_version(client, name, client.get_logged_model(model_id), identity, bits, figure)
-    alias, best = _decide(client, name, version, bits, may_hold_champion, method, figure)
+    alias, best, refused = _decide(client, name, version, bits, may_hold_champion, method, figure, split)
     if alias == CHAMPION:
         client.set_registered_model_alias(name, method, version.version)
-    return Registration(name, str(version.version), version.tags.get("model_id", ""), alias, bits, best)
+    model_id = version.tags.get("model_id", "")
+    return Registration(name, str(version.version), model_id, alias, bits, best, None, refused)
 
 
 IMPORTED = "imported"  # the alias of the newest model imported into a registered model
@@ -215,39 +241,66 @@ def _decide(
     may_win: bool,
     otherwise: str,
     figure: str = "test_bits_per_byte",
-) -> tuple[str, float | None]:
+    split: dict[str, str] | None = None,
+) -> tuple[str, float | None, str | None]:
     """Move `champion` to the best version that may hold it, this one included when `may_win`, else give
-    this one the alias `otherwise`; the decision and both figures become its tags. Safe when other
-    processes register at the same moment (two sweep trials, two pipelines, on one store or many
+    this one the alias `otherwise`; the decision and both figures become its tags, and `split` (the test
+    split `bits` was measured on) too. Only versions on the champion's split compete: the third value
+    (and the tag `not_compared`) says why this one was not compared with it (None: it was). Safe when
+    other processes register at the same moment (two sweep trials, two pipelines, on one store or many
     machines): see `settle_champion`."""
     before = _champion(client, name)
-    best = float(before.tags["test_bits_per_byte"]) if before is not None else None
-    client.set_model_version_tag(name, version.version, figure, str(bits))  # what it competes with
-    client.set_model_version_tag(name, version.version, MAY_HOLD, str(may_win).lower())
-    champion = settle_champion(client, name)
+    own = (split or {}).get(TEST_SPLIT, version.tags.get(TEST_SPLIT))
+    best = _figure(before) if before is not None and _split(before) == own else None
+    for key, value in {**(split or {}), figure: str(bits), MAY_HOLD: str(may_win).lower()}.items():
+        client.set_model_version_tag(name, version.version, key, value)  # what it competes with, and where
+    champion = settle_champion(client, name, own)
     wins = champion is not None and str(champion) == str(version.version)
     alias = CHAMPION if wins else otherwise
     if not wins:
         client.set_registered_model_alias(name, alias, version.version)
-    decision = {"decision": alias, "champion_test_bits_per_byte": str(best) if best is not None else "none"}
-    for key, value in decision.items():
+    refused = None if wins else _not_compared(_champion(client, name), own)
+    shown = str(best) if best is not None else ("not compared" if refused else "none")
+    decision = {"decision": alias, "champion_test_bits_per_byte": shown}
+    for key, value in {**decision, **({NOT_COMPARED: refused} if refused else {})}.items():
         client.set_model_version_tag(name, version.version, key, value)
-    return alias, best
+    if refused is None and NOT_COMPARED in version.tags:  # compared this time: an earlier refusal is stale
+        client.delete_model_version_tag(name, version.version, NOT_COMPARED)
+    return alias, best, refused
+
+
+NOT_COMPARED = "not_compared"  # a version's tag: why it was not compared with the champion
+
+
+def _not_compared(champion: Any, own: str | None) -> str | None:
+    """Why a version on test split `own` was not compared with `champion` (None: it was, or none)."""
+    if champion is None or _figure(champion) is None or _split(champion) == own:
+        return None
+    return (
+        f"not compared with the champion (version {champion.version}): measured on another test split "
+        f"{own or 'unknown (none named)'} vs {_split(champion) or 'unknown (none named)'}"
+    )
 
 
 MAY_HOLD = "may_hold_champion"  # a version's tag: whether it competes for `champion` (quantized: if asked)
 SETTLE_ROUNDS = 20
 
 
-def settle_champion(client: Any, name: str) -> str | None:
-    """Point `champion` at the version with the lowest test bits per byte among those that may hold it,
-    then read back and repeat until what is read is what it set: a registration that read the versions
-    before another's better version existed (a race) sets a stale alias, and whoever reads after it puts
-    it right, so the last one to finish leaves the best. No lock needed; the store is the truth. The
-    version it settled on (None: none competes)."""
+def settle_champion(client: Any, name: str, split: str | None = None) -> str | None:
+    """Point `champion` at the version with the lowest test bits per byte among those that may hold it
+    and were measured on the champion's test split (`split`, the newcomer's, when no measured version
+    holds it), then read back and repeat until what is read is what it set: a registration that read the
+    versions before another's better version existed (a race) sets a stale alias, and whoever reads after
+    it puts it right, so the last one to finish leaves the best. No lock needed; the store is the truth.
+    The version it settled on (None: none competes)."""
+    current = _champion(client, name)
+    best = None
     for _ in range(SETTLE_ROUNDS):
-        best = _best_version(client, name)
+        league = _league(current, split)
+        best = _best_version(client, name, league)
         current = _champion(client, name)
+        if _league(current, split) != league:
+            continue  # a champion on another split appeared meanwhile (a race with none before): again
         if best is None:
             return str(current.version) if current is not None else None
         if current is not None and (
@@ -255,17 +308,28 @@ def settle_champion(client: Any, name: str) -> str | None:
         ):
             return str(current.version)
         client.set_registered_model_alias(name, CHAMPION, best.version)
-    return str(best.version)
+    return str(best.version) if best is not None else None
 
 
-def _best_version(client: Any, name: str) -> Any:
-    """The competing version with the lowest test bits per byte (the oldest among equals)."""
+def _league(champion: Any, split: str | None) -> str | None:
+    """The test split whose versions compete: a measured champion's, else the newcomer's `split`."""
+    return _split(champion) if champion is not None and _figure(champion) is not None else split
+
+
+def _best_version(client: Any, name: str, split: str | None) -> Any:
+    """The competing version on test split `split` (None: those naming none) with the lowest test bits
+    per byte (the oldest among equals)."""
     competing = [
         version
         for version in client.search_model_versions(f"name = '{name}'")
-        if _figure(version) is not None and _competes(version)
+        if _figure(version) is not None and _competes(version) and _split(version) == split
     ]
     return min(competing, key=lambda v: (_figure(v), int(v.version)), default=None)
+
+
+def _split(version: Any) -> str | None:
+    """The test split a version was measured on; None for one registered before the tag existed."""
+    return version.tags.get(TEST_SPLIT) or None
 
 
 def _competes(version: Any) -> bool:
