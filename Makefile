@@ -6,9 +6,6 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch, taken first where no CUDA driver is present; override for other setups.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
-# No bytecode compiled at install: pip would compile all ~26,000 modules (about 40 s here); Python
-# compiles the few thousand a run imports on first use and keeps them.
-PIP_INSTALL := $(PIP) install -q --no-compile
 
 .PHONY: setup run test lint clean gpu-dry-run
 
@@ -18,9 +15,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c 'import torch' 2>/dev/null; then \
 		echo "installing the CPU build of torch ($(TORCH_SPEC))"; \
-		$(PIP_INSTALL) $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
+		$(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
 	fi
-	$(PIP_INSTALL) -e '.[dev,hf,quant,team]'
+	$(PIP) install -q -e '.[dev,hf,quant,team]'
 	@touch $(STAMP)
 
 run: setup

@@ -117,7 +117,7 @@ def full(
     name: str = "full",
 ) -> StageOutcome:
     """Full training (`name`: `finetune` for a fine-tune's, which starts from its base)."""
-    refusal = training_stages.full_refusal(params, device.result.runtime.device)
+    refusal = params.full_refusal(device.result.runtime.device)
     if refusal:
         outcome = StageOutcome(name, "skipped", message=refusal)
         training_stages.announce(refusal)

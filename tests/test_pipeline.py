@@ -23,7 +23,6 @@ from tasks.params.loading import load_params
 from tasks.params.schema import STAGES
 from tasks.results import StageResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge
-from tasks.stages.training import full_refusal
 
 REPO = Path(__file__).resolve().parent.parent
 GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"]
@@ -95,8 +94,9 @@ def gptpipe(env: dict[str, str], *args: str, check: bool = True) -> subprocess.C
     return result
 
 
-def at_a_terminal(env: dict[str, str], *args: str) -> str:
-    """`gptpipe run` as a person runs it, its stdout a (pseudo-)terminal: what it printed there."""
+def at_a_terminal(env: dict[str, str], *args: str) -> tuple[str, str]:
+    """`gptpipe run` as a person runs it, its stdout a (pseudo-)terminal: what it printed there, and on
+    stderr."""
     import os
     import pty
 
@@ -117,9 +117,10 @@ def at_a_terminal(env: dict[str, str], *args: str) -> str:
                 break
             chunks.append(chunk)
         stderr.seek(0)
-        assert process.wait(timeout=300) == 0, stderr.read()[-3000:].decode(errors="replace")
+        errors = stderr.read().decode(errors="replace")
+        assert process.wait(timeout=300) == 0, errors[-3000:]
     os.close(leader)
-    return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n"), errors
 
 
 def stages_of(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
@@ -202,12 +203,13 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     assert again_quantized["int8-weight-only/model_version"] == quantized["int8-weight-only/model_version"]
 
     # At a terminal the run ends in words: where the model is, its test bits per byte, how to look.
-    seen = at_a_terminal(prefect_env, "--params", params)
+    seen, told = at_a_terminal(prefect_env, "--params", params)
     assert '{"stages"' not in seen
+    assert "anonymous usage data" not in told  # Prefect's client telemetry is off, as its server's
     assert "Model:     models:/gptpipe-iteration-1@champion (version 1)" in seen
     assert f"Test:      {figures['test_bits_per_byte']:.3f} bits per byte" in seen
     assert f"gptpipe ui --params {params}" in seen and "gptpipe generate --model" in seen
-    assert '{"stages"' in at_a_terminal(prefect_env, "--params", params, "--json")
+    assert '{"stages"' in at_a_terminal(prefect_env, "--params", params, "--json")[0]
 
     # A deleted output file: its stage runs again; stages downstream keep their cache (same fingerprint).
     Path(stages_of(again)["tokens"]["outputs"][1]).unlink()
@@ -410,10 +412,10 @@ def test_a_smoke_result_holds_its_batch_typed_and_one_cached_without_it_still_re
 
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:
     params = load_params(REPO / "params" / "iteration_2.yaml")
-    assert "needs CUDA" in full_refusal(params, "cpu")
-    assert full_refusal(params, "cuda") is None
+    assert "needs CUDA" in params.full_refusal("cpu")
+    assert params.full_refusal("cuda") is None
     bounded = load_params(REPO / "params" / "iteration_2.yaml", ["runtime.device=cpu", "full.max_steps=5"])
-    assert full_refusal(bounded, "cpu") is None
+    assert bounded.full_refusal("cpu") is None
 
 
 def cpu_only() -> dict[str, str]:

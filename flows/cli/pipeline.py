@@ -113,12 +113,11 @@ def finetune_command(
 
 def _check_full_can_run(checked: PipelineParams, params_path: Path) -> None:
     """Refuse before the data stages a run whose full training this machine would refuse after them
-    (iterations 2 and 3 on a CPU read about a billion tokens first): the run's own rule, asked now."""
+    (iterations 2 and 3 on a CPU read about a billion tokens first): the run's own rule, asked now, before
+    anything imports Prefect (`_start_prefect` sets its project settings first)."""
     import torch
 
-    from tasks.stages.training import full_refusal
-
-    if full_refusal(checked, "cuda" if torch.cuda.is_available() else "cpu") is not None:
+    if checked.full_refusal("cuda" if torch.cuda.is_available() else "cpu") is not None:
         raise ConfigError(
             f"{params_path}: full training needs CUDA (full.require_cuda: true) and this machine has none; "
             "nothing was started. Add --until smoke to build the data and prove the settings here, or set "

@@ -62,6 +62,9 @@ def apply_project_settings(toml_path: Path = PREFECT_TOML) -> None:
     """Export the project's Prefect settings as defaults; call before importing prefect."""
     for name, value in project_settings(toml_path).items():
         os.environ.setdefault(name, value)
+    # prefect.toml turns the server's analytics off; Prefect's client has its own, off by this standard
+    # variable alone (else a first run at a terminal prints its telemetry notice).
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     home = os.environ.get("PREFECT_HOME")
     if home:
         # Results follow PREFECT_HOME when the user moved it but not the storage path.

@@ -284,6 +284,19 @@ class PipelineParams(Strict):
         """Whose optimizer settings the smoke run trains with."""
         return "smoke" if self.smoke.optimizer is not None else "full"
 
+    def full_refusal(self, device: str) -> str | None:
+        """Why full training must not start on a machine whose runtime device is `device`, or None: the
+        pipeline's full stage asks after the smoke, `gptpipe run` before the first stage."""
+        if not self.full.require_cuda or device == "cuda":
+            return None
+        if self.runtime.device == "cpu" and self.full.max_steps is not None:
+            return None  # the parameters explicitly ask for a bounded CPU run
+        return (
+            f"full training stopped: iteration {self.iteration} needs CUDA (full.require_cuda: true) and "
+            "this machine has none; the smoke record is complete. Run on a CUDA machine, or set "
+            "runtime.device=cpu with a bounded full.max_steps to train on CPU anyway."
+        )
+
     def defaults_for(self, device: ConcreteDevice) -> DeviceDefaults:
         """The runtime defaults for a resolved device: the parameter file's, else the profile's (an
         accelerator, CUDA or Apple's MPS, takes the `gpu` ones)."""

@@ -140,19 +140,6 @@ def run_directory(params: PipelineParams, stage: str, stage_fingerprint: str) ->
     return root / f"iteration-{params.iteration}-{stage}-{stage_fingerprint}"
 
 
-def full_refusal(params: PipelineParams, device: str) -> str | None:
-    """Why full training must not start on a machine whose runtime device is `device`, or None."""
-    if not params.full.require_cuda or device == "cuda":
-        return None
-    if params.runtime.device == "cpu" and params.full.max_steps is not None:
-        return None  # the parameters explicitly ask for a bounded CPU run
-    return (
-        f"full training stopped: iteration {params.iteration} needs CUDA (full.require_cuda: true) and this "
-        "machine has none; the smoke record is complete. Run on a CUDA machine, or set runtime.device=cpu "
-        "with a bounded full.max_steps to train on CPU anyway."
-    )
-
-
 def _train(
     params: PipelineParams,
     stage: TrainingStage,
