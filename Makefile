@@ -38,4 +38,4 @@ gpu-dry-run:
 	bash bench/gpu_dry_run.sh
 
 clean:
-	rm -rf data checkpoints .prefect mlruns/mlflow.db mlruns/artifacts
+	rm -rf data checkpoints .prefect mlruns/mlflow.db mlruns/mlflow.db.lock mlruns/artifacts
