@@ -10,6 +10,7 @@ The reader also takes bare `.bin` streams (uint16) and `.pt` files holding a 1-D
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -263,38 +264,42 @@ def find_test_tokens(tokenizer: Path, data_root: Path, other_than_corpus: str | 
     from gptcore.tools.fingerprint import sha256_file
 
     digest = sha256_file(tokenizer)
-    found = []
-    for path in [
-        *Path(data_root).glob("tokens/*/test.bin"),
-        *Path(data_root).glob("tokens/*/test.manifest.json"),
-    ]:
-        manifest = read_manifest(path)
-        if manifest is None or manifest.split != "test" or manifest.tokenizer_sha256 != digest:
-            continue
-        if other_than_corpus is None or manifest.corpus_fingerprint != other_than_corpus:
-            found.append(path)
-    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+    return _newest_test_split(
+        data_root,
+        lambda _, manifest: (
+            manifest.tokenizer_sha256 == digest
+            and (other_than_corpus is None or manifest.corpus_fingerprint != other_than_corpus)
+        ),
+    )
 
 
-def split_fingerprint(path: str | Path) -> str:
+def split_fingerprint(path: str | Path, manifest: TokenFileManifest | None = None) -> str:
     """The identity of a split's content (16 hex digits): its manifest's sha256 (a sharded split's is
     of its shards' sha256s), else the file's own. Two token folders holding the same test text give the
     same fingerprint, so figures measured on either compare."""
     from gptcore.tools.fingerprint import sha256_file
 
-    manifest = read_manifest(path)
+    manifest = manifest or read_manifest(path)
     return (manifest.sha256 if manifest is not None and manifest.sha256 else sha256_file(path))[:16]
 
 
 def find_split(data_root: Path, fingerprint: str) -> Path | None:
     """The test split under `data_root/tokens/` whose content has `fingerprint` (`split_fingerprint`),
     or None: found by the manifests alone, so a token folder rebuilt under another name still is."""
-    found = [
-        path
-        for path in [
-            *Path(data_root).glob("tokens/*/test.bin"),
-            *Path(data_root).glob("tokens/*/test.manifest.json"),
-        ]
-        if read_manifest(path) is not None and split_fingerprint(path) == fingerprint
-    ]
+    return _newest_test_split(
+        data_root, lambda path, manifest: split_fingerprint(path, manifest) == fingerprint
+    )
+
+
+def _newest_test_split(data_root: Path, keep: Callable[[Path, TokenFileManifest], bool]) -> Path | None:
+    """The newest test split under `data_root/tokens/` (a `test.bin`, or a sharded split's manifest)
+    whose manifest `keep` accepts, or None."""
+    found = []
+    for path in [
+        *Path(data_root).glob("tokens/*/test.bin"),
+        *Path(data_root).glob("tokens/*/test.manifest.json"),
+    ]:
+        manifest = read_manifest(path)
+        if manifest is not None and manifest.split == "test" and keep(path, manifest):
+            found.append(path)
     return max(found, key=lambda path: path.stat().st_mtime, default=None)

@@ -24,7 +24,7 @@ def split_tags(path: str | Path) -> dict[str, str]:
         return {}
     manifest = read_manifest(path)
     corpus = manifest.corpus_fingerprint if manifest is not None else ""
-    return {TEST_SPLIT: split_fingerprint(path), **({CORPUS: corpus} if corpus else {})}
+    return {TEST_SPLIT: split_fingerprint(path, manifest), **({CORPUS: corpus} if corpus else {})}
 
 
 @dataclass(frozen=True)
