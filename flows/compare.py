@@ -107,7 +107,7 @@ def run_comparison(
     return result
 
 
-@flow(name="compare", log_prints=False)
+@flow(name="compare", log_prints=False, persist_result=False)
 def compare(
     params_path: str = "params/iteration_1.yaml",
     overrides: list[str] | None = None,

@@ -30,7 +30,7 @@ from tasks.params.loading import choice, load_params
 from tasks.params.schema import FINETUNE_STAGES, PipelineParams
 from tasks.stages.finetune import finetune_section
 from tasks.tracking import PipelineRecorder
-from tasks.tracking.models.registry import registered_name
+from tasks.tracking.models.registry import registered_name, settle_champion
 
 COMPARISON_FILE = "finetune_comparison.json"
 
@@ -38,6 +38,7 @@ COMPARISON_FILE = "finetune_comparison.json"
 @flow(
     name="finetune-method",
     log_prints=False,
+    persist_result=False,
     validate_parameters=True,
     on_failure=[record_failure],
     on_crashed=[record_failure],
@@ -83,7 +84,7 @@ def finetune_method(
     return report.to_dict()
 
 
-@flow(name="finetune", log_prints=False, validate_parameters=True)
+@flow(name="finetune", log_prints=False, validate_parameters=True, persist_result=False)
 def finetune(params_path: str, overrides: list[str] | None = None) -> dict:
     """Each method the parameter file asks for (`finetune.method`, and the others with `compare`) on the
     same data and steps, as child runs of one comparison run; their table printed and recorded."""
@@ -193,9 +194,10 @@ def comparison_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _champion_version(session: Any, name: str) -> str | None:
-    """The version `@champion` names once both methods registered theirs (None: none, or no answer)."""
+    """The version `@champion` names once both methods registered theirs, settled first (a method's
+    process killed right after a stale set is put right: `settle_champion`; None: none, or no answer)."""
     try:
-        return str(session.client.get_model_version_by_alias(name, "champion").version)
+        return settle_champion(session.client, name)
     except Exception:  # no champion yet (both failed), or the store is away: the column stays empty
         return None
 

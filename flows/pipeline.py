@@ -27,6 +27,7 @@ DEFAULT_PARAMS = "params/iteration_1.yaml"
 @flow(
     name="end-to-end",
     log_prints=False,
+    persist_result=False,  # its report is returned in this process: Prefect would keep it as a pickle
     validate_parameters=True,
     on_failure=[record_failure],  # which stage, why, the latest checkpoint, the command that resumes
     on_crashed=[record_failure],

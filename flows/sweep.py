@@ -27,7 +27,7 @@ from tasks.params.sweep import Trial
 TABLE_ARTIFACT = "sweep.json"
 
 
-@flow(name="sweep", log_prints=False)
+@flow(name="sweep", log_prints=False, persist_result=False)
 def sweep(
     params_path: str,
     overrides: list[str] | None = None,

@@ -4,19 +4,22 @@ Prefect's INPUTS policy hashes a `Path` by its string, so two runs over differen
 key. Each stage task here takes a `fingerprint` argument (a hash of input contents or upstream
 fingerprints, the stage's parameters and the code version) and is keyed on it alone. A cache hit is only
 trusted when every output file its manifest names still exists with the recorded sha256; otherwise the
-stage runs again with `refresh_cache`, which overwrites the stale record.
+stage runs again and its record is replaced.
 
 A record is plain JSON (`StageJSON`: a result's fields, no class names, nothing a reader imports or
-calls). Prefect reads a record with whatever serializer the record itself names, pickle included, so a
-record gptpipe did not write that way (planted in a shared `.prefect/storage`, or a pickle of an older
-gptpipe) is set aside before Prefect sees it: the stage runs again and writes its own.
+calls), and gptpipe reads it itself. Prefect would read a record with whatever serializer the record
+names, pickle included, and a record checked at its path and then read again from that path can be
+swapped in between. So Prefect only writes records (a stage task runs with `refresh_cache`: its cache is
+never looked up), and `run_cached` reads a record once, parses the bytes it read as plain JSON into the
+stage's result type and uses them. Anything else there (a pickle planted in a shared `.prefect/storage`,
+an older gptpipe's) is ignored with a warning: the stage runs again and writes its own. Prefect's UI shows
+a hit as a task run of the stage's name in the Cached state.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,8 +27,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.serializers import Serializer
-from pydantic import BaseModel, Field
+from prefect.states import Completed, State
+from pydantic import BaseModel, Field, ValidationError
 
 from tasks.results import StageResult
 
@@ -46,7 +51,7 @@ def fingerprint_key(stage: str) -> Callable[[Any, dict[str, Any]], str]:
 
 
 class StageJSON(Serializer):
-    """A stage's result as plain JSON; read back as plain data, which `run_cached` validates."""
+    """A stage's result as plain JSON, as Prefect writes it; `read_record` reads it back."""
 
     type: str = Field(default="gptpipe-stage-json", frozen=True)
 
@@ -58,35 +63,67 @@ class StageJSON(Serializer):
         return json.loads(blob)  # no object hook: nothing named in the data is imported or called
 
 
+def records_folder() -> Path:
+    """Where stage records are kept: Prefect's local result storage (`.prefect/storage`), even when a
+    server names another default storage, because gptpipe reads them there itself."""
+    from prefect.settings import get_current_settings
+
+    return Path(get_current_settings().results.local_storage_path).expanduser()
+
+
 def stage_task(name: str) -> Callable[[Callable[..., Any]], Any]:
-    """A pipeline stage as a Prefect task: keyed on its `fingerprint` argument, its result persisted
-    as plain JSON."""
+    """A pipeline stage as a Prefect task: its result persisted as plain JSON under its `fingerprint`
+    argument in `records_folder()`; Prefect never reads one back (`run_cached` does)."""
     return task(
-        name=name, cache_key_fn=fingerprint_key(name), persist_result=True, result_serializer=StageJSON()
+        name=name,
+        cache_key_fn=fingerprint_key(name),
+        refresh_cache=True,
+        persist_result=True,
+        result_storage=records_folder(),
+        result_serializer=StageJSON(),
     )
 
 
-def set_aside_untrusted_record(key: str) -> Path | None:
-    """Move the stored record of `key` out of Prefect's way when it is not plain JSON written by
-    `StageJSON` (a pickle runs code when read); where it went, or None when there was nothing to move."""
-    from prefect.settings import get_current_settings
+@task(name="cached", cache_policy=NO_CACHE, persist_result=False)
+def shown_cached(record: str) -> State:
+    """A cache hit in Prefect's UI: a task run (of the stage's name) in the Cached state, nothing run."""
+    return Completed(name="Cached", message=f"the result recorded in {record}")
 
-    path = Path(get_current_settings().results.local_storage_path).expanduser() / key
-    if not path.is_file():
-        return None
+
+def read_record(path: Path, result_type: type[R]) -> R | None:
+    """The result recorded at `path`, from one read: the bytes read are the bytes parsed, as plain JSON.
+    None when there is none; a record that is not gptpipe's (or not a `result_type`) is ignored with a
+    warning, and nothing else reads it."""
     try:
         with path.open("rb") as handle:
-            record = json.loads(handle.read(RECORD_LIMIT + 1))
-        trusted = record["metadata"]["serializer"]["type"] == StageJSON().type
-    except (OSError, ValueError, KeyError, TypeError):
-        trusted = False
-    if trusted:
+            blob = handle.read(RECORD_LIMIT + 1)
+    except FileNotFoundError:
         return None
-    aside = path.with_name(f".{path.name}.untrusted-{os.getpid()}")
-    os.replace(path, aside)
-    said = "warning: %s: a cached result not written as gptpipe's plain JSON; set aside as %s, it runs again"
-    log.warning(said, path, aside.name)
-    return aside
+    except OSError as error:
+        return _ignored(path, f"an unreadable cached result ({error.strerror})")
+    try:
+        data = _stage_json_result(blob)
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return _ignored(path, "a cached result that is not gptpipe's plain JSON record")
+    try:
+        return result_type.model_validate(data)
+    except ValidationError:
+        return _ignored(path, f"a cached result this version cannot read as a {result_type.__name__}")
+
+
+def _stage_json_result(blob: bytes) -> Any:
+    """The result a record written with `StageJSON` holds, as plain data; else ValueError, KeyError or
+    TypeError."""
+    if len(blob) > RECORD_LIMIT:
+        raise ValueError("larger than any stage record")
+    record = json.loads(blob.decode("utf-8"))
+    if record["metadata"]["serializer"] != {"type": StageJSON().type}:
+        raise ValueError("not written with StageJSON")
+    return json.loads(record["result"])
+
+
+def _ignored(path: Path, reason: str) -> None:
+    log.warning("warning: %s: %s; ignored, the stage runs again", path, reason)
 
 
 @dataclass
@@ -110,21 +147,19 @@ class StageOutcome:
 
 
 def run_cached(name: str, stage_task: Any, result_type: type[R], /, **arguments: Any) -> StageOutcome:
-    """Run a cached stage task; a hit with missing or changed outputs runs it again and refreshes."""
+    """A stage through its cache: the result its record holds (read and checked once) while its outputs
+    are unchanged, else the stage run again, whose record replaces it."""
     started = time.perf_counter()
-    set_aside_untrusted_record(stage_task.cache_key_fn(None, arguments))
+    key = stage_task.cache_key_fn(None, arguments)
+    cached = read_record(Path(stage_task.result_storage) / key, result_type)
+    stale = cached.stale_outputs() if cached is not None else []
+    if cached is not None and not stale:
+        shown_cached.with_options(name=name)(key)
+        return StageOutcome(name, "cached", cached, _since(started))
     state = stage_task(**arguments, return_state=True)
     result = result_type.model_validate(state.result())
-    cached = state.name == "Cached"
-    stale: list[str] = []
-    if cached and (stale := result.stale_outputs()):
-        state = stage_task.with_options(refresh_cache=True)(**arguments, return_state=True)
-        result = result_type.model_validate(state.result())
-        cached = False
-    return StageOutcome(
-        name=name,
-        state="cached" if cached else "completed",
-        result=result,
-        seconds=round(time.perf_counter() - started, 3),
-        reran_because=stale,
-    )
+    return StageOutcome(name, "completed", result, _since(started), reran_because=stale)
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 3)

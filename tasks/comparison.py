@@ -40,6 +40,7 @@ def plan_comparison(
     tokenizer: Path | None = None,
 ) -> ComparisonPlan:
     """The two sides and what they share; a seeded synthetic stream when no token files are given."""
+    architecture = params.model_profile().architecture  # a start model's is not resolved here
     batch = batch_size or params.defaults_for("cpu").batch_size
     axis, chosen = choose_axis(axis, values, cuda_available, batch)
     base = {
@@ -54,7 +55,7 @@ def plan_comparison(
     else:
         from gptcore.data.synthetic import synthetic_stream
 
-        window, vocab = params.model.architecture.block_size + 1, params.tokenizer.vocab_size
+        window, vocab = architecture.block_size + 1, params.tokenizer.vocab_size
         train = synthetic_stream(vocab, window * limits.training_examples, seed=1)
         validation = synthetic_stream(vocab, window * limits.validation_examples, seed=2, split="validation")
         identities = (f"synthetic:{vocab}:seed1", f"synthetic:{vocab}:seed2")

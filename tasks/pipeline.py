@@ -266,12 +266,16 @@ def base(params: PipelineParams, tracking: PipelineRecorder, name: str = "base")
         )
     outcome = StageOutcome(name, "completed", result, round(time.perf_counter() - started, 3))
     tracking.record_stage(outcome)
+    resolved = start_model.started_from(params, result)
+    if params.model is None:  # the file named none: the start model's own, as its files say it
+        tracking.log_params(resolved.model_params())
+    tracking.params = resolved  # the training stages' runs record the model they build
     return outcome
 
 
 def with_base(params: PipelineParams, base: StageOutcome) -> PipelineParams:
-    """The parameters with the start model's kept files as what training loads (a BaseResult's; another
-    stage's result, a trained tokenizer's: unchanged)."""
+    """The parameters with the start model as what training builds and loads, its architecture and kept
+    files (a BaseResult's; another stage's result, a trained tokenizer's: unchanged)."""
     if not isinstance(base.result, BaseResult):
         return params
     return start_model.started_from(params, base.result)

@@ -18,6 +18,7 @@ from gptcore.runtime.decided import Runtime
 from gptcore.runtime.device import DeviceReport
 from gptcore.tools.fingerprint import sha256_file
 from gptcore.train.records import SummaryRecord
+from tasks.params.schema import ModelProfile
 
 
 class StageResult(BaseModel):
@@ -125,6 +126,7 @@ class BaseResult(StageResult):
     lineage: dict[str, str]  # base_model_uri, base_registered_model, base_model_version, ...
     folder: str  # the base's model files, kept under <data_root>/base-models
     weights_sha256: str
+    model: ModelProfile  # what training builds: the base's own architecture (start_model.start_profile)
     tokenizer: dict[str, Any]  # the base's tokenizer over the new corpus (a TokenizerManifest.to_dict())
     base_test_tokens: str | None = None  # the base corpus's test split (None: not found)
 

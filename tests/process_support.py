@@ -1,5 +1,5 @@
-"""Processes a test starts and must stop: a free loopback port, a whole process group brought down, and a
-Prefect home whose database is already migrated."""
+"""Processes a test starts and must stop: a free loopback port, a whole process group brought down, a
+Prefect home whose database is already migrated, and output lines waited on as they come."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
+from typing import IO
 
 
 def free_port() -> int:
@@ -51,3 +55,71 @@ def migrated_prefect_home(home: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PREFECT_TEMPLATE, home / "prefect.db")
     return home
+
+
+class Lines:
+    """A process's output lines as they come, read on a thread of their own (so the pipe never fills),
+    for a test that acts when something has been said rather than after a guessed while."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.seen: list[str] = []
+        self._said = threading.Condition()
+        self._ended = False
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._said:
+                self.seen.append(line)
+                self._said.notify_all()
+        with self._said:
+            self._ended = True
+            self._said.notify_all()
+
+    def wait_for(self, said: Callable[[list[str]], bool], ceiling: float = 300) -> None:
+        """Return once `said(lines so far)` holds; fail when the output ends first or at the ceiling,
+        which only ends a hang."""
+        with self._said:
+            if not self._said.wait_for(lambda: said(self.seen) or self._ended, timeout=ceiling):
+                raise AssertionError(f"not said within {ceiling} s: {''.join(self.seen)[-4000:]}")
+            assert said(self.seen), f"the output ended first: {''.join(self.seen)[-4000:]}"
+
+    def text(self) -> str:
+        """All that was said, once the process has ended."""
+        self._thread.join(timeout=60)
+        return "".join(self.seen)
+
+
+RANK_CEILING = 240  # against a hang only: a collective waits this long for a silent peer
+
+
+@contextmanager
+def rendezvous_store() -> Iterator[dict[str, str]]:
+    """A rendezvous (c10d TCPStore) held by the test on a port the kernel chose, and the environment
+    that makes every rank a client of it: no port is picked free and handed on, for another process to
+    take in between."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "GPTPIPE_DIST_TIMEOUT": str(RANK_CEILING),
+        }
+    finally:
+        del store
+
+
+def two_ranks(code: str, cwd: Path) -> tuple[list[int], list[str]]:
+    """`python -c code` as ranks 0 and 1 of one process group: their exit codes and printed outputs."""
+    with rendezvous_store() as rendezvous:
+        processes = []
+        for rank in range(2):
+            env = {**os.environ, **rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+            command = [sys.executable, "-c", code]
+            processes.append(subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, text=True))
+        outputs = [process.communicate(timeout=RANK_CEILING + 30)[0] for process in processes]
+    return [process.returncode for process in processes], outputs

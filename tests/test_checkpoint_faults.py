@@ -280,8 +280,9 @@ def test_manifest_entries_outside_the_folder_are_neither_pruned_nor_loaded(
 def test_a_best_checkpoint_cut_short_between_its_two_files_is_passed_over_for_final(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A kill after `best.pt` was renamed into place and before `best.json` was: the pair disagrees.
-    Evaluation takes the newest whole checkpoint and says so, instead of failing on every retry."""
+    """An older gptpipe killed after `best.pt` was renamed into place and before `best.json` was: the
+    pair disagrees. Evaluation takes the newest whole checkpoint and says so, instead of failing on every
+    retry (every reader does: tests/test_checkpoint_publish.py)."""
     from tasks.params.loading import PARAMS_DIR, load_params
     from tasks.results import CheckpointsResult
     from tasks.stages.evaluate import evaluated_checkpoint

@@ -1,7 +1,8 @@
 """`full.init_from`: a pretraining run that starts from a model's weights and encodes its corpus with that
 model's own tokenizer. Here the model is a GPT-2 saved by transformers (a few layers, random weights)
 with a vocabulary of GPT-2's size, 50,257 tokens: its ids fill the token files' uint16 almost to the top,
-and every stage (the smoke gate, full training, evaluation, export, quantization) takes it."""
+and every stage (the smoke gate, full training, evaluation, export, quantization) takes it. The parameter
+file needs no model section: the model's own files say its architecture."""
 
 from __future__ import annotations
 
@@ -59,10 +60,9 @@ def continued_params(root: Path, gpt2: Path, **changes: str) -> Path:
     )
     sections = {
         "iteration": "1",
-        "model": "gpt2_tiny",
         "corpus": f'{{source: local, paths: ["{root / "corpus"}"], validation_fraction: 0.2, '
         "test_fraction: 0.1}",
-        "runtime": "{device: cpu}",
+        "runtime": "{device: cpu, cpu: {batch_size: 4, grad_accum_steps: 1, precision: fp32, workers: 0}}",
         "smoke": "{max_steps: 4, log_every: 2, eval_every: 4, validation_examples: 8}",
         "full": f'{{init_from: "hf:{gpt2}", max_steps: 6, log_every: 2, eval_every: 50, checkpoint_every: 6, '
         "validation_examples: 8, optimizer: {learning_rate: 1.0e-3, warmup_steps: 1}}",
@@ -113,7 +113,8 @@ def test_a_run_from_a_gpt2_encodes_with_its_tokenizer_starts_from_its_weights_an
     assert json.loads((exported / "config.json").read_text())["vocab_size"] == GPT2_VOCAB
     assert stages["quantize"]["figures"]["int8-weight-only/size_ratio"] < 1.0
 
-    again = gptpipe(prefect_env, "--params", str(continued_params(tmp_path, gpt2)))
+    named = continued_params(tmp_path, gpt2, model="gpt2_tiny")  # its architecture named: the same run
+    again = gptpipe(prefect_env, "--params", str(named))
     assert states(again)["full"] == "cached" and states(again)["tokenizer"] == "completed"  # resolved again
 
 
@@ -130,8 +131,8 @@ def test_a_model_of_another_shape_or_a_tokenizer_section_is_refused_before_anyth
     )
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        f"error: model: the weights of hf:{gpt2} are of another shape: n_layer 2 (this run: 3); set model to "
-        "the architecture they were trained with"
+        f"error: {deeper}: model.architecture: n_layer 3 is not the architecture of full.init_from "
+        f"hf:{gpt2} (n_layer 2); remove the model section to train the model's own"
     ]
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "data").exists()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from process_support import two_ranks
 
 from gptcore.data.batches import StepPlan, epoch_order
 from gptcore.distributed.group import (
@@ -136,12 +136,6 @@ def test_collective_timeout_is_torchs_default_unless_set():
         collective_timeout({"GPTPIPE_DIST_TIMEOUT": "soon"})
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 OVERFLOW_PROBE = textwrap.dedent(
     """
     import json, os, torch
@@ -164,18 +158,9 @@ OVERFLOW_PROBE = textwrap.dedent(
 @pytest.mark.slow
 def test_the_fp16_overflow_check_agrees_across_ranks():
     """Rank 1's gradient overflows, rank 0's does not: both skip the step and back off the scale."""
-    port = _free_port()
-    processes = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GPTPIPE_DIST_TIMEOUT="30")
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", OVERFLOW_PROBE], env=env, cwd=ROOT, stdout=subprocess.PIPE
-            )
-        )
-    results = [json.loads(p.communicate(timeout=60)[0]) for p in processes]
-    assert [p.returncode for p in processes] == [0, 0]
+    codes, outputs = two_ranks(OVERFLOW_PROBE, ROOT)
+    assert codes == [0, 0]
+    results = [json.loads(output) for output in outputs]
     initial_scale = 2.0**16
     for result in results:
         assert result["weight"] == [1.0, 1.0, 1.0], f"rank {result['rank']} stepped on an overflow"

@@ -119,13 +119,19 @@ def test_readers_refuse_an_adapted_checkpoint_until_the_merge_step_makes_it_plai
         merge_checkpoint(path, tmp_path / "again")
 
 
-def test_weights_of_another_shape_are_refused_before_training(tmp_path: Path) -> None:
+def test_weights_of_another_architecture_are_refused_before_training(tmp_path: Path) -> None:
     wider = GPT(ModelConfig(**{**TINY.model_dump(), "n_embd": 64}))
     write_model_files(wider, None, tmp_path / "wider")
     with pytest.raises(
-        ConfigError, match=r"^model: the weights in .* are of another shape: n_embd 64 \(this run: 32\)"
+        ConfigError,
+        match=r"^model: the weights in .* are of another architecture: n_embd 64 \(this run: 32\)",
     ):
         train(job(None, init_weights=tmp_path / "wider"), Recorder())
+    # ReLU²'s weights have GELU's shapes: they would load, and train another function than they learned.
+    relu2 = GPT(ModelConfig(**{**TINY.model_dump(), "mlp": "relu2"}))
+    write_model_files(relu2, None, tmp_path / "relu2")
+    with pytest.raises(ConfigError, match=r"are of another architecture: mlp relu2 \(this run: gelu\)"):
+        train(job(None, init_weights=tmp_path / "relu2"), Recorder())
     with pytest.raises(ConfigError, match=r"no fp32 model weights \(model.safetensors\) to start from"):
         train(job(None, init_weights=tmp_path / "nothing-here"), Recorder())
 

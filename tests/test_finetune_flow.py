@@ -1,6 +1,7 @@
 """`gptpipe finetune`, for real: a tiny model pretrained and registered by `gptpipe run`, then fine-tuned
 on other text with LoRA and with every weight, side by side; registered with its lineage, cached on a
-second run, and bad bases refused in one line before anything trains."""
+second run, and bad bases refused in one line before anything trains. The parameter file names no model:
+the base's own files say its architecture, so the same file fine-tunes a base of the modern recipe."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from tests.conftest import commands_env
 from tests.test_pipeline import GPTPIPE, REPO, gptpipe, write_corpus, write_params
+from tests.test_pipeline_recipes import modern_params
 
 pytestmark = pytest.mark.slow
 
@@ -25,24 +27,20 @@ NOTES = [
 
 
 def finetune_params(root: Path) -> Path:
-    """A fine-tune of the registered base on the notes; the model written out, so --set can change it."""
+    """A fine-tune of the registered base on the notes. No model section: the base's architecture is
+    taken from its files; the batch is the runtime's, as no shipped profile is this tiny."""
     (root / "notes").mkdir(exist_ok=True)
     for index in range(8):
         (root / "notes" / f"n{index}.txt").write_text("\n".join(NOTES[index * 50 : (index + 1) * 50]) + "\n")
     text = f"""\
 iteration: 1
-model:
-  name: tiny
-  architecture: {{n_layer: 1, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 320}}
-  cpu: {{batch_size: 4}}
-  gpu: {{batch_size: 4}}
 finetune:
   name: notes
   model: models:/gptpipe-iteration-1@champion
   method: lora
   lora: {{r: 4, alpha: 16, dropout: 0.0, targets: [attn.c_attn, mlp.c_fc]}}
 corpus: {{source: local, paths: ["{root / "notes"}"], validation_fraction: 0.25, test_fraction: 0.25}}
-runtime: {{device: cpu}}
+runtime: {{device: cpu, cpu: {{batch_size: 4}}}}
 smoke: {{max_steps: 8, log_every: 4, eval_every: 8, validation_examples: 8}}
 full: {{max_steps: 16, log_every: 4, eval_every: 8, checkpoint_every: 8, validation_examples: 8,
        optimizer: {{learning_rate: 1.0e-2, warmup_steps: 1, weight_decay: 0.0}}}}
@@ -191,8 +189,9 @@ def test_a_second_run_takes_every_stage_but_the_base_from_the_cache(workspace: W
             "finetune.model models:/gptpipe-iteration-1@nobody: cannot be loaded",
         ),
         (
-            ["--set", "model.architecture.n_embd=64"],
-            "model: the weights of models:/gptpipe-iteration-1@champion are of another shape: n_embd 32",
+            ["--set", "model=tiny", "--set", "model.architecture.n_embd=64"],
+            "model.architecture: n_embd 64 is not the architecture of finetune.model "
+            "models:/gptpipe-iteration-1@champion (n_embd 32); remove the model section",
         ),
         (
             ["--set", "finetune.lora.r=64"],
@@ -209,3 +208,66 @@ def test_a_base_that_does_not_fit_is_refused_in_one_line(
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+
+
+# --- a base of the modern recipe, fine-tuned with the same parameter file ------------------------------
+
+
+@pytest.fixture(scope="module")
+def modern(workspace: Workspace) -> subprocess.CompletedProcess[str]:
+    """The notes fine-tune (LoRA) of a base pretrained in the modern recipe (rotary, RMSNorm, QK-norm,
+    SwiGLU, no biases, an untied head) and registered as tiny-modern: the README's second recipe."""
+    root, env = workspace.root, workspace.env
+    recipe = modern_params(root, write_params(root))
+    gptpipe(
+        env, "--params", str(recipe), "--until", "evaluate", "--set", "tracking.registered_model=tiny-modern"
+    )
+    settings = ["--set", "finetune.name=notes-modern", "--set", "finetune.compare=false"]
+    return finetune(
+        env, "--params", str(workspace.params), "--model", "models:/tiny-modern@champion", *settings
+    )
+
+
+def test_the_same_file_fine_tunes_a_base_of_the_modern_recipe_on_its_own_architecture(
+    workspace: Workspace, modern: subprocess.CompletedProcess[str]
+) -> None:
+    from safetensors.torch import load_file
+
+    assert modern.returncode == 0, modern.stderr[-3000:]
+    (lora,) = reports(modern)
+    states = {name: stage["state"] for name, stage in lora.items()}
+    # Both bases have the tokenizer the two recipes share: the notes' token files are the first run's.
+    assert states == {**dict.fromkeys(lora, "completed"), "tokens": "cached"}, states
+    figures = lora["before-after"]["figures"]
+    assert figures["new_test_bits_per_byte_after"] < figures["new_test_bits_per_byte_before"], "learned"
+    adapter = load_file(next(p for p in lora["merge"]["outputs"] if p.endswith("adapter.safetensors")))
+    # The file's targets are the same layers in both recipes: attention's fused query/key/value projection
+    # and the MLP's input, here SwiGLU's gate and up side by side: 2 x 128 (2/3 of 4 x 32, rounded up to 64).
+    shapes = {name: tuple(tensor.shape) for name, tensor in adapter.items()}
+    assert shapes == {
+        "transformer.h.0.attn.c_attn.lora_a": (4, 32),
+        "transformer.h.0.attn.c_attn.lora_b": (96, 4),
+        "transformer.h.0.mlp.c_fc.lora_a": (4, 32),
+        "transformer.h.0.mlp.c_fc.lora_b": (256, 4),
+    }
+    client = workspace.client()
+    version = client.get_model_version_by_alias("gptpipe-iteration-1-notes-modern", "champion")
+    assert version.tags["base_model_uri"] == "models:/tiny-modern@champion"
+    flow_run = client.get_run(client.get_run(version.run_id).data.tags["mlflow.parentRunId"])
+    assert flow_run.data.params["model.recipe"] == "rotary+rmsnorm+qk_norm+swiglu+untied", "the base's"
+
+
+def test_a_model_section_that_contradicts_the_base_is_one_line_naming_the_file_and_both_values(
+    workspace: Workspace, modern: subprocess.CompletedProcess[str]
+) -> None:
+    result = finetune(
+        workspace.env, "--params", str(workspace.params), "--model", "models:/tiny-modern@champion",
+        "--set", "model=tiny",
+    )  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {workspace.params}: model.architecture: bias True, position learned, norm layernorm, "
+        "qk_norm False, mlp gelu, tie_embeddings True is not the architecture of finetune.model "
+        "models:/tiny-modern@champion (bias False, position rotary, norm rmsnorm, qk_norm True, mlp swiglu, "
+        "tie_embeddings False); remove the model section to train the model's own"
+    ]

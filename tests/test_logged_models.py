@@ -9,6 +9,7 @@ import mlflow.pyfunc
 import pytest
 from mlflow.exceptions import MlflowException
 from tracking_support import tracked_training
+from waiting import answers, until
 
 from gptcore.generate import generate_text
 from tasks.tracking import TrackingSession
@@ -111,37 +112,27 @@ def test_gptpipe_serve_answers_a_logged_model_by_its_uri_and_stops_on_sigterm(tr
     OpenAI's and MLflow's bodies answered, bad requests in one sentence, SIGTERM a clean stop."""
     import os
     import signal
-    import socket
     import subprocess
     import sys
-    import time
 
     import httpx
 
     session, callback, _ = trained
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     env = {**os.environ, "MLFLOW_TRACKING_URI": session.target.uri}
     model = f"models:/{callback.models['final']}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli.main", "serve", "--model", model, "--port", str(port)],
+        [sys.executable, "-m", "flows.cli.main", "serve", "--model", model, "--port", "0"],  # any free one
         env=env,
         cwd=Path(__file__).resolve().parent.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        assert server.stdout.readline().startswith(f"serving {model} at {url}/v1")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"{url}/health", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        first = server.stdout.readline()
+        assert first.startswith(f"serving {model} at http://127.0.0.1:"), first
+        url = first.split(" at ")[1].split("/v1")[0]
+        until(lambda: answers(f"{url}/health"), "the server answers")
         greedy = {"inputs": ["def main("], "params": {"max_new_tokens": 4, "temperature": 0}}
         answer = httpx.post(f"{url}/invocations", json=greedy, timeout=60)
         assert answer.status_code == 200 and len(answer.json()["predictions"]) == 1

@@ -139,7 +139,10 @@ def test_dropout_acts_on_the_adapter_in_training_only() -> None:
 def test_a_rank_above_a_layers_smaller_side_is_refused(settings: LoRAConfig, message: str | None) -> None:
     model = base_model()
     if message is None:
-        assert apply_lora(model, settings)
+        adapted = apply_lora(model, settings)
+        blocks = [f"transformer.h.{i}.attn.c_attn" for i in range(model.config.n_layer)]
+        assert adapted == blocks == [name for name, _ in lora_layers(model)]
+        assert all(layer.lora_a.shape[0] == 2 for _, layer in lora_layers(model))  # rank 2 on each
         return
     with pytest.raises(ConfigError, match=message):
         apply_lora(model, settings)
@@ -149,8 +152,22 @@ def test_settings_outside_what_lora_allows_are_refused_with_the_allowed_values()
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         LoRAConfig(r=0)
     with pytest.raises(
-        ValidationError, match=r"'attn\.c_attn', 'attn\.c_proj', 'mlp\.c_fc' or 'mlp\.c_proj'"
+        ValidationError, match=r"expected some of qkv, attention_output, mlp_up, mlp_down, attn"
     ):
         LoRAConfig(targets=["attn.q_proj"])
     with pytest.raises(ValidationError, match="at least 1 item"):
         LoRAConfig(targets=[])
+
+
+def test_targets_named_by_role_are_the_layers_of_that_role_in_either_recipe() -> None:
+    by_role = LoRAConfig(r=2, targets=["qkv", "attention_output", "mlp_up", "mlp_down"])
+    assert by_role == LoRAConfig(r=2, targets=["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"])
+    modern = ModelConfig(
+        n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300, bias=False, position="rotary",
+        norm="rmsnorm", mlp="swiglu",
+    )  # fmt: skip
+    for model in (base_model(), GPT(modern)):
+        adapted = apply_lora(model, by_role)
+        assert adapted == [
+            f"transformer.h.{i}.{layer}" for i in range(model.config.n_layer) for layer in by_role.targets
+        ]

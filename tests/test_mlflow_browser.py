@@ -9,14 +9,13 @@ import html
 import re
 import shutil
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from process_support import free_port, stop_process_group
 from tracking_support import tracked_training
+from waiting import answers, until
 
 from flows.cli.tracking import MODEL_TRAINING_VIEW, server_command, server_environment
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
@@ -45,18 +44,13 @@ def startup(**changes: Any) -> StartupRecord:
     return StartupRecord.from_dict({**STARTUP_FIELDS, **changes})
 
 
-def wait_healthy(url: str, process: subprocess.Popen, seconds: float = 120.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+def wait_healthy(url: str, process: subprocess.Popen) -> None:
+    def healthy() -> bool:
         if process.poll() is not None:
             pytest.fail(f"mlflow server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"mlflow server not healthy at {url} within {seconds:.0f} s")
+        return answers(f"{url}/health")
+
+    until(healthy, f"mlflow server healthy at {url}")
 
 
 @pytest.fixture(scope="module")

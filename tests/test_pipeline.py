@@ -254,18 +254,21 @@ class RunsCode:
         return Path.touch, (self.marker,)
 
 
-def test_a_cached_result_gptpipe_did_not_write_as_json_is_set_aside_unread(
+def test_a_cached_result_gptpipe_did_not_write_as_json_is_ignored_unread(
     tmp_path: Path, prefect_env: dict[str, str]
 ) -> None:
-    """Records are plain JSON; a planted pickle (Prefect reads a record with the serializer the record
-    names) never runs: it is moved aside and the stage runs again."""
+    """Records are plain JSON, and the run persists nothing else (no flow result as a pickle); a planted
+    pickle (Prefect would read a record with the serializer the record names) never runs: it is ignored
+    and the stage runs again, its record plain JSON once more (tests/test_security.py: one swapped in)."""
     import base64
     import pickle
 
     write_corpus(tmp_path, seed=2)
     params = str(write_params(tmp_path))
     gptpipe(prefect_env, "--params", params, "--until", "tokenizer")
-    [record] = Path(prefect_env["PREFECT_RESULTS_LOCAL_STORAGE_PATH"]).glob("tokenizer-*")
+    storage = Path(prefect_env["PREFECT_RESULTS_LOCAL_STORAGE_PATH"])
+    [record] = storage.glob("tokenizer-*")
+    assert [path.name for path in storage.iterdir()] == [record.name], "only the stage's record persists"
     written = json.loads(record.read_text())
     assert written["metadata"]["serializer"]["type"] == "gptpipe-stage-json"
     assert json.loads(written["result"])["fingerprint"] == record.name.removeprefix("tokenizer-")
@@ -276,7 +279,7 @@ def test_a_cached_result_gptpipe_did_not_write_as_json_is_set_aside_unread(
     again = gptpipe(prefect_env, "--params", params, "--until", "tokenizer")
     assert not marker.exists()
     assert states(again)["tokenizer"] == "completed", "it ran again instead of trusting the record"
-    assert "a cached result not written as gptpipe's plain JSON; set aside" in again.stderr
+    assert "not gptpipe's plain JSON record; ignored, the stage runs again" in again.stderr
     assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "gptpipe-stage-json"
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from test_pipeline import GPTPIPE, REPO, gptpipe, newest_run, stages_of, states, write_corpus, write_params
+from waiting import until
 
 from gptcore.checkpoint.files import latest_checkpoint
 
@@ -54,11 +54,12 @@ def test_killed_full_training_resumes_from_its_latest_checkpoint(
         stderr=subprocess.DEVNULL,
     )
     try:
-        checkpoint = _wait_for(lambda: _listed_checkpoint(tmp_path / "checkpoints"), 240)
+        checkpoint = until(
+            lambda: _listed_checkpoint(tmp_path / "checkpoints"), "full training checkpointed", 240
+        )
     finally:
         process.kill()
         process.wait()
-    assert checkpoint is not None, "full training wrote no checkpoint before the deadline"
     killed_at = json.loads(checkpoint.with_suffix(".json").read_text())["step"]
 
     resumed = gptpipe(prefect_env, "--params", params, "--until", "full")
@@ -88,12 +89,3 @@ def _listed_checkpoint(checkpoints: Path) -> Path | None:
     lands a moment before the manifest, and a kill in between leaves it unlisted)."""
     folder = next(checkpoints.glob("*-full-*"), None)
     return latest_checkpoint(folder) if folder else None
-
-
-def _wait_for(find, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if found := find():
-            return found
-        time.sleep(0.2)
-    return None

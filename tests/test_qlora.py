@@ -240,21 +240,12 @@ leave_rank(0)
 @needs_torchao
 @pytest.mark.slow
 def test_data_parallel_ranks_share_the_adapters_and_leave_the_quantized_base_be() -> None:
-    import os
-    import subprocess
-    import sys
+    from tests.process_support import two_ranks
+    from tests.test_distributed import ROOT
 
-    from tests.test_distributed import ROOT, _free_port
-
-    port = _free_port()
-    processes = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GPTPIPE_DIST_TIMEOUT="30")
-        probe = [sys.executable, "-c", DATA_PARALLEL_PROBE]
-        processes.append(subprocess.Popen(probe, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True))
-    results = [json.loads(p.communicate(timeout=60)[0].splitlines()[-1]) for p in processes]
-    assert [p.returncode for p in processes] == [0, 0], "torch cannot broadcast a torchao weight"
+    codes, outputs = two_ranks(DATA_PARALLEL_PROBE, ROOT)
+    assert codes == [0, 0], "torch cannot broadcast a torchao weight"
+    results = [json.loads(output.splitlines()[-1]) for output in outputs]
     assert results[0]["a"] == results[1]["a"], "rank 0's adapters on every rank"
     assert results[0]["grad"] == pytest.approx(results[1]["grad"], abs=1e-6), "gradients averaged"
 
@@ -268,7 +259,8 @@ def test_a_qlora_parameter_file_trains_over_an_int8_base_and_is_checked_before_a
     from tasks.stages.finetune import check_quantized_base
     from tests.test_finetune_flow import finetune_params
 
-    overrides = ["finetune.method=qlora", f"finetune.weights={tmp_path / 'base'}"]
+    # What the base stage sets from the base's files: its weights and its architecture.
+    overrides = ["finetune.method=qlora", f"finetune.weights={tmp_path / 'base'}", "model=gpt_first_cpu"]
     params = load_params(str(finetune_params(tmp_path)), overrides)
     assert params.finetune.methods() == ["qlora", "lora", "full"]
     assert train_job(params, train_tokens=None).lora == QLoRAConfig(**params.finetune.lora.model_dump())

@@ -14,8 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -24,27 +22,11 @@ import pytest
 
 from tests.process_support import free_port, migrated_prefect_home, stop_process_group
 from tests.tracking_support import fresh_store
+from tests.waiting import answers, until
 
 REPO = Path(__file__).resolve().parent.parent
 CEILING = 120.0  # a stop takes a few seconds; a hung one never ends: far above the one, still a bound
 MARK = "GPTPIPE_TEST_TREE"  # inherited by every process of the tree, found even after it left the group
-
-
-def wait_for(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"{what} within {seconds:.0f} s")
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def port_free(port: int) -> bool:
@@ -123,11 +105,11 @@ def test_gptpipe_ui_stops_the_server_and_its_workers(tmp_path: Path, signum: int
     process = start_ui(tmp_path, port, mark, *(["--jobs"] if "jobs" in moment else []))
     try:
         if moment == "serving":
-            wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), CEILING, "the MLflow UI answered")
+            until(lambda: answers(f"http://127.0.0.1:{port}/health"), "the MLflow UI answered", CEILING)
             tree = psutil.Process(process.pid).children(recursive=True)
             assert len(tree) >= 2, "the server and its worker run in processes of their own"
         else:
-            wait_for(lambda: started(mark, moment), CEILING, f"a process of {moment} started")
+            until(lambda: started(mark, moment), f"a process of {moment} started", CEILING)
         process.send_signal(signum)  # to `gptpipe ui` alone, not its group: it must stop the tree itself
         process.wait(timeout=CEILING)
         left = [p.cmdline()[:4] for p in marked(mark)]
@@ -135,7 +117,7 @@ def test_gptpipe_ui_stops_the_server_and_its_workers(tmp_path: Path, signum: int
         log = (tmp_path / "ui.log").read_text()
         assert "Traceback" not in log, log
         assert process.returncode in (0, 130, -signal.SIGTERM), (process.returncode, log)
-        wait_for(lambda: port_free(port), 30, "the port was free again")
+        until(lambda: port_free(port), "the port was free again", CEILING)
     finally:
         stop_process_group(process, grace_seconds=5)
         for straggler in marked(mark):
@@ -163,8 +145,8 @@ def test_a_killed_gptpipe_run_takes_its_temporary_prefect_server_along(tmp_path:
         assert tree and answers(f"{api}/health")
         process.kill()
         process.wait(timeout=5)
-        wait_for(lambda: not alive(tree), CEILING, "the temporary Prefect server stopped")
-        wait_for(lambda: port_free(port), 5, "the port was free again")
+        until(lambda: not alive(tree), "the temporary Prefect server stopped", CEILING)
+        until(lambda: port_free(port), "the port was free again", CEILING)
     finally:
         stop_process_group(process, grace_seconds=5)
 
@@ -187,12 +169,12 @@ def test_gptpipe_run_stopped_by_sigterm_mid_training_leaves_no_process_behind(tm
     )  # fmt: skip
     try:
         checkpoints = tmp_path / "checkpoints"
-        wait_for(lambda: any(checkpoints.glob("*-full-*/step-*.json")), 240, "full training checkpointed")
+        until(lambda: any(checkpoints.glob("*-full-*/step-*.json")), "full training checkpointed", 240)
         tree = psutil.Process(process.pid).children(recursive=True)
         assert tree, "the temporary Prefect server runs beside it"
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=CEILING)
-        wait_for(lambda: not alive(tree), CEILING, "the temporary Prefect server stopped")
+        until(lambda: not alive(tree), "the temporary Prefect server stopped", CEILING)
         assert process.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
         assert "Traceback" not in log.read_text()
         assert (Path(env["PREFECT_HOME"]) / "temporary-server.log").is_file()  # the server's own output

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from process_support import Lines
+from slot_support import holding_the_device
 
 from gptcore.errors import ConfigError
 from tasks.device_slot import device_limit_names
@@ -98,9 +101,19 @@ LEARNING_RATES = ["--grid", "full.optimizer.learning_rate=1e-3,3e-3"]
 BATCH_SIZES = ["--grid", "full.optimizer.learning_rate=3e-3", "--grid", "runtime.batch_size=2,4,8"]
 
 
-def sweep(tmp_path: Path, env: dict[str, str], grid: list[str], *options: str) -> tuple[Any, dict[str, Any]]:
+SWEEP_CEILING = 600  # against a hang only; the test's own timeout is above it, so a hang says where it was
+
+
+def sweep(
+    tmp_path: Path,
+    env: dict[str, str],
+    grid: list[str],
+    *options: str,
+    meanwhile: Callable[[Lines], None] = lambda _: None,
+) -> tuple[Any, dict[str, Any]]:
     """`gptpipe sweep` of tiny trials over `grid` (--grid options) on a tiny corpus: the finished command
-    and its summary, every trial checked completed with a test figure."""
+    and its summary, every trial checked completed with a test figure. `meanwhile` acts while the sweep
+    runs, on its error output as it comes."""
     import json
     import subprocess
 
@@ -109,7 +122,16 @@ def sweep(tmp_path: Path, env: dict[str, str], grid: list[str], *options: str) -
     write_corpus(tmp_path, seed=4)
     params = str(write_params(tmp_path, full_steps=4))
     command = [*GPTPIPE, "sweep", "--params", params, *grid, *options]
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    with (tmp_path / "sweep.out").open("w+") as out:
+        process = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.PIPE, text=True)
+        errors = Lines(process.stderr)
+        try:
+            meanwhile(errors)
+            process.wait(timeout=SWEEP_CEILING)
+        finally:
+            process.kill()  # nothing left to end where it finished
+        out.seek(0)
+        done = subprocess.CompletedProcess(command, process.returncode, out.read(), errors.text())
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     trials = math.prod(len(values.split("=")[1].split(",")) for values in grid[1::2])
@@ -118,14 +140,27 @@ def sweep(tmp_path: Path, env: dict[str, str], grid: list[str], *options: str) -
     return done, summary
 
 
+def waiting_trials(lines: list[str]) -> set[str]:
+    """The trials that said they wait for the CPU's slot."""
+    waited = f"waiting for {device_limit_names('cpu')[0]}"
+    return {line.split("]")[0].lstrip("[") for line in lines if line.startswith("[trial-") and waited in line}
+
+
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.timeout(SWEEP_CEILING + 60)
 def test_a_sweep_builds_the_data_once_and_trains_one_trial_at_a_time_on_one_device(
     tmp_path: Path, prefect_env: dict[str, str]
 ) -> None:
     from mlflow import MlflowClient
 
-    done, summary = sweep(tmp_path, prefect_env, BATCH_SIZES, "--parallel", "2")
+    def two_trials_meet_at_the_device(errors: Lines) -> None:
+        with holding_the_device("cpu", tmp_path, prefect_env):  # until both running trials wait for it
+            errors.wait_for(lambda lines: len(waiting_trials(lines)) == 2)
+
+    done, summary = sweep(
+        tmp_path, prefect_env, BATCH_SIZES, "--parallel", "2", meanwhile=two_trials_meet_at_the_device
+    )
     assert "| trial-03 | full.optimizer.learning_rate=0.003 runtime.batch_size=8 |" in done.stderr
 
     client = MlflowClient(prefect_env["MLFLOW_TRACKING_URI"])
@@ -148,5 +183,4 @@ def test_a_sweep_builds_the_data_once_and_trains_one_trial_at_a_time_on_one_devi
     )
     assert len(spans) == 6  # a smoke and a full training per trial
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
-    assert f"waiting for {device_limit_names('cpu')[0]}" in done.stderr
     assert "| ERROR" not in done.stderr, "a trial waits for the device quietly (no Prefect lease ERROR)"

@@ -5,6 +5,7 @@ usual variables; without credentials it is refused in one line; its secrets neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -13,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ import yaml
 from fault_support import TINY_PARAMS
 from process_support import free_port
 from test_pipeline import gptpipe, states, write_corpus, write_params
+from waiting import until
 
 from flows.servers.team import postgres_program
 from gptcore.errors import ConfigError
@@ -81,11 +82,26 @@ class Servers:
         return [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
 
 
+# What the servers import, planted in the state folder: each leaves its mark if imported, and ends its
+# process (MLflow's server starts `python -m uvicorn` itself; uvicorn imports from where it runs).
+PLANTED_MODULES = ("uvicorn", "mlflow", "prefect", "fastapi", "starlette")
+
+
+def plant_modules(state: Path) -> None:
+    state.mkdir(mode=0o711)  # traversable: PostgreSQL runs as another user
+    for module in PLANTED_MODULES:
+        mark = state.parent / f"imported-{module}"
+        (state / f"{module}.py").write_text(
+            f"import os, pathlib\npathlib.Path({str(mark)!r}).touch()\nos._exit(3)\n"
+        )
+
+
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
     # PostgreSQL runs as another user, who must reach its folder: not under pytest's 0700 temporary root.
     state = Path(tempfile.mkdtemp(prefix="gptpipe-servers-", dir="/tmp"))
     state.chmod(0o711)
+    plant_modules(state / "s")
     ports = [str(free_port()) for _ in range(3)]
     command = [*GPTPIPE, "servers", "--state", str(state / "s"), "--auth", "--workers", "2"]
     command += ["--mlflow-port", ports[0], "--prefect-port", ports[1], "--postgres-port", ports[2]]
@@ -250,15 +266,40 @@ def test_the_whole_pipeline_runs_on_the_team_servers(servers: Servers, tmp_path:
         assert secret not in result.stdout + result.stderr
 
 
+def test_no_module_planted_in_the_state_folder_ran_and_every_server_process_runs_in_its_own_folder(
+    servers: Servers,
+) -> None:
+    assert sorted(path.name for path in servers.state.parent.glob("imported-*")) == []
+    assert list((servers.state / "work").iterdir()) == []  # nothing wrote there: the next start takes it
+    members = python_processes(servers)
+    assert len(members) >= 3  # mlflow, its uvicorn, prefect
+    assert set(members) == {(str(servers.state / "work"), "1")}
+
+
+def python_processes(servers: Servers) -> list[tuple[str, str | None]]:
+    """Where each Python process under the servers runs, and its PYTHONSAFEPATH; one that ends while it
+    is read (a zombie has no command line) is passed over."""
+    found = []
+    for member in servers.tree()[1:]:
+        with contextlib.suppress(psutil.Error):
+            if member.cmdline()[:1] == [sys.executable]:
+                found.append((member.cwd(), member.environ().get("PYTHONSAFEPATH")))
+    return found
+
+
 def test_sigterm_stops_the_servers_then_postgresql_and_leaves_nothing_running(servers: Servers) -> None:
     tree = servers.tree()
     assert len(tree) >= 4  # gptpipe, postgres (and its workers), mlflow, prefect
     servers.process.send_signal(signal.SIGTERM)
     servers.process.wait(timeout=90)
-    deadline = time.monotonic() + 10
-    while any(member.is_running() and member.status() != psutil.STATUS_ZOMBIE for member in tree):
-        assert time.monotonic() < deadline, [member.cmdline() for member in tree if member.is_running()]
-        time.sleep(0.1)
+
+    def gone(member: psutil.Process) -> bool:
+        try:
+            return not member.is_running() or member.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
+    until(lambda: all(gone(member) for member in tree), "every process of the servers' tree ended")
     servers.reader.join(timeout=10)  # the output's last lines, read after the process ended
     output = "\n".join(servers.lines)
     assert "database system is shut down" in output

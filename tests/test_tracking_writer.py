@@ -116,9 +116,9 @@ def test_a_store_lost_before_the_run_is_created_holds_nothing_and_its_run_is_cre
         outbox=tmp_path / "outbox",
     )
     job = three_step_job(tmp_path / "ckpt", training_metadata([callback]))
-    started = time.perf_counter()
-    summary = train(job, callback)
-    assert time.perf_counter() - started < 30  # not the minutes the store would hold it
+    summary = train(job, callback)  # the store answers nothing until released, below: it ends regardless
+    # its close waited one answer's bound, not the minute a store that answers is given
+    assert callback.report["last_error"] == "closing: the tracking store did not answer within 0.5 s"
     client.release.set()
     assert summary.steps == 3 and (tmp_path / "ckpt" / "final.pt").is_file()
     assert callback.run_id.startswith("pending-") and "mlflow_run_id" not in job.metadata

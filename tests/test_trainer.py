@@ -94,7 +94,12 @@ def test_loss_falls_on_a_learnable_stream_below_the_unigram_floor() -> None:
     assert losses[-1] < losses[0] - 1.0
     assert summary.final_val_loss < summary.unigram_val_loss
     assert recorder.of("eval")[0]["unigram_val_loss"] == summary.unigram_val_loss
-    assert summary.steps == 60 and summary.tokens_per_second > 0 and 0 < summary.mfu < 1
+    assert summary.steps == 60 and summary.tokens_per_second > 0
+    # MFU is the run's FLOP/s over the peak measured at its start; both are this machine's figures of
+    # the moment (a busy start measures a low peak), so the test holds the arithmetic, not a bound
+    start = recorder.of("start")[0]
+    expected = summary.tokens_per_second * start["flops_per_token"] / start["peak_flops"]
+    assert summary.mfu == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

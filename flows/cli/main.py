@@ -1,9 +1,9 @@
 """`gptpipe`: the command line, a thin door onto flows and gptcore.
 
 The commands are plain functions in `pipeline.py` (run, sweep, finetune), `train.py` (device, train,
-generate), `models.py` (merge, import, serve, export, quantize, benchmark), `tracking.py` (ui, compare,
-tracking replay) and `servers.py` (servers), registered here and nowhere else; what several take alike
-(the parameter file, choices from the config's types) is in `options.py`. They import
+generate), `models.py` (merge, import, models, serve, export, quantize, benchmark), `tracking.py` (ui,
+compare, tracking replay) and `servers.py` (servers), registered here and nowhere else; what several take
+alike (the parameter file, choices from the config's types) is in `options.py`. They import
 heavy libraries (torch, Prefect, MLflow) only when they run, so `gptpipe --help` and bad flags answer
 quickly. Every failure a user can act on comes out as one line on stderr and a non-zero exit, never a
 traceback.
@@ -71,6 +71,7 @@ def _register_commands() -> None:
         export_command,
         import_command,
         merge_command,
+        models_command,
         quantize_command,
         serve_command,
     )
@@ -85,6 +86,7 @@ def _register_commands() -> None:
         ("finetune", finetune_command),
         ("merge", merge_command),
         ("import", import_command),
+        ("models", models_command),
         ("device", device_command),
         ("train", train_command),
         ("generate", generate_command),

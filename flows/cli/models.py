@@ -60,6 +60,29 @@ def import_command(
                       "alias": registration.alias, **lineage}))  # fmt: skip
 
 
+def models_command(
+    name: str | None = typer.Argument(None, help="one registered model (default: every one)"),
+    params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
+    iteration: int | None = typer.Option(None, "--iteration", min=1),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per version, a line each"),
+) -> None:
+    """List the registered models' versions, newest first: the aliases each holds (@champion, @challenger,
+    a quantization method's), its decision, test bits per byte and the test split it was measured on.
+    @champion is settled first, so the list names who holds it, whatever a run cut short left."""
+    import json
+
+    from tasks.tracking.models.listing import registered_versions, versions_table
+    from tasks.tracking.store import connect, resolve_target
+
+    _, params = resolve_params(params_file, iteration, [])
+    versions = registered_versions(connect(resolve_target(params.tracking)), name)
+    if as_json:
+        for version in versions:
+            print(json.dumps(version.to_dict()))
+    else:
+        print(versions_table(versions) if versions else "no registered model yet: gptpipe run registers one")
+
+
 def benchmark_command(
     model: str = typer.Option(..., "--model", help="models:/NAME@ALIAS, models:/NAME/N, hf:FOLDER, ..."),
     tasks: str = typer.Option(..., "--tasks", help="comma-separated harness tasks: hellaswag,arc_easy,..."),
@@ -92,7 +115,7 @@ def benchmark_command(
         files = model_files_of(model, params.tracking, into=Path(scratch))
         if files.method != "fp32":
             raise ConfigError(f"--model {model}: a {files.method} model; the harness scores the fp32 one")
-        trained = read_model_files(files.weights, files.config)
+        trained = read_model_files(files.weights, files.config, source=f"--model {model}")
         scores = run_benchmarks(trained, files.tokenizer, [request])
     print(json.dumps({"model": model, "tasks": scores.tasks, "lm_eval": version("lm_eval")}))
 
@@ -135,7 +158,9 @@ def serve_command(
     params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
     iteration: int | None = typer.Option(None, "--iteration", min=1),
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind; loopback unless you ask"),
-    port: int = typer.Option(5001, "--port", min=1, max=65535),
+    port: int = typer.Option(
+        5001, "--port", min=0, max=65535, help="0: a free port, named in the first line"
+    ),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (cuda without CUDA: refused)"),
     api_key: str | None = typer.Option(
         None,
@@ -177,6 +202,7 @@ def serve_command(
     with tempfile.TemporaryDirectory(prefix="gptpipe-serve-") as scratch:
         files = _served_files(model, params_file, iteration, Path(scratch))
         listener = _listen(host, port)
+        port = listener.getsockname()[1]  # the one the kernel gave, where --port 0 asked for any
         server = CompletionServer(lambda: load_served(files, model, chosen), limits).start()
         shown = f"[{host}]" if ":" in host else host
         print(
@@ -282,7 +308,7 @@ def export_command(
                     "(the checkpoint it was quantized from)"
                 )
             trained, tokenizer_path = (
-                read_model_files(files.weights, files.config),
+                read_model_files(files.weights, files.config, source=f"--model {model}"),
                 tokenizer or files.tokenizer,
             )
         else:
@@ -339,7 +365,7 @@ def quantize_command(
             raise ConfigError(
                 f"--model {model}: already {files.method}; quantize the fp32 model it came from"
             )
-        trained = read_model_files(files.weights, files.config)
+        trained = read_model_files(files.weights, files.config, source=f"--model {model}")
         data_root = Path(params.paths.data_root)
         chosen_split = _test_split(model, params, test_tokens, files.tokenizer, data_root)
         test = _test_stream(chosen_split.path, files.tokenizer, trained.config.vocab_size)

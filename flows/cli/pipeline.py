@@ -31,7 +31,7 @@ def run(
 
         check_benchmarks(checked.evaluate)  # the harness and every task there, before training
     if checked.full.init_from is not None:
-        _check_start(checked)
+        _check_start(checked, params_path)
     if STAGES.index(until) >= STAGES.index("full"):
         _check_full_can_run(checked, params_path)
     _start_prefect(checked)
@@ -101,7 +101,7 @@ def finetune_command(
 
     finetune_section(checked, str(params_path))
     with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
-        check_base(checked, Path(scratch))  # its shape, tokenizer and the adapters: before anything runs
+        check_base(checked, Path(scratch), str(params_path))  # architecture, tokenizer, adapters: first
     _start_prefect(checked)
     from flows.finetune import finetune
 
@@ -125,14 +125,14 @@ def _check_full_can_run(checked: PipelineParams, params_path: Path) -> None:
         )
 
 
-def _check_start(checked: PipelineParams) -> None:
+def _check_start(checked: PipelineParams, params_path: Path) -> None:
     """`full.init_from`'s model fetched and checked (architecture, tokenizer) before anything starts."""
     import tempfile
 
     from tasks.stages.start_model import check_start, start_model
 
     with tempfile.TemporaryDirectory(prefix="gptpipe-start-") as scratch:
-        check_start(checked, start_model(checked), Path(scratch))
+        check_start(checked, start_model(checked), Path(scratch), str(params_path))
 
 
 def _start_prefect(checked: object) -> None:

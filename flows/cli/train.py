@@ -138,7 +138,7 @@ def preflight_inputs(
     moment: size and dtype against the manifest, ids and tokenizer against the model's vocabulary."""
     from gptcore.data.tokenfile import check_tokenizer, check_vocabulary, open_tokens
 
-    vocab = params.model.architecture.vocab_size
+    vocab = params.model_profile().architecture.vocab_size
     streams = []
     for path in (train_tokens, validation_tokens):
         if path is None:
@@ -294,7 +294,9 @@ def _generate_from_model(
 
     with tempfile.TemporaryDirectory(prefix="gptpipe-generate-") as scratch:
         files = model_files_of(uri, into=Path(scratch))
-        model = read_model_files(files.weights, files.config, quantization=files.quantization)
+        model = read_model_files(
+            files.weights, files.config, quantization=files.quantization, source=f"--model {uri}"
+        )
         completer = Completer.from_paths(model, files.tokenizer)
         completion = completer.complete([prompt], max_new_tokens, temperature, top_k or None, seed)[0]
     return {"model": uri, "prompt": prompt, "completion": completion}

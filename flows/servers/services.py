@@ -6,11 +6,16 @@ caller, then watches. The first of: Ctrl-C, SIGTERM, or a service exiting on its
 service in reverse order of start, each with its whole process tree, so a server stops before the
 database under it. Each service also dies with this process however it dies (`kill -9` leaves no
 handler): Linux sends it `death_signal` when its parent goes.
+
+Each service starts in the working folder it names (one nobody else writes: uvicorn imports from the
+folder it runs in whatever Python is told), with PYTHONSAFEPATH set, so no Python it starts, however deep
+(MLflow's server starts `python -m uvicorn` itself), puts that folder on its import path on its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import subprocess
@@ -30,16 +35,17 @@ class Service:
     name: str
     command: list[str]
     ready: Callable[[], bool]  # polled until True: the service answers
+    cwd: str  # where it runs: a folder nobody else writes
     env: dict[str, str] | None = None
     user: str | None = None  # run as this user (PostgreSQL refuses to run as root)
     prepare: Callable[[], None] | None = None  # once ready, before the next group starts
     death_signal: int = signal.SIGTERM  # what it gets when this process dies
-    cwd: str | None = None
     tree: ProcessTree | None = field(default=None, init=False)
     pump: threading.Thread | None = field(default=None, init=False)  # reads its output until EOF
 
     def start(self, lines: queue.Queue) -> None:
         death_signal = self.death_signal
+        env = {**(os.environ if self.env is None else self.env), "PYTHONSAFEPATH": "1"}  # inherited down
         process = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE,
@@ -47,7 +53,7 @@ class Service:
             stdin=subprocess.DEVNULL,
             text=True,
             errors="replace",
-            env=self.env,
+            env=env,
             cwd=self.cwd,
             user=self.user,
             start_new_session=True,  # a group of its own: stopped as a whole, in our order

@@ -12,11 +12,15 @@ folder; `client.env` there holds what a client exports. None is printed.
 The state folder is trusted only when it is this user's and nobody else may write to it; a secret only
 when it is a plain file of this user's that nobody else may read. Files are made exclusively, never
 through a link, 0600 from their first byte; the artifacts folder is 0700 (MLflow's auth guards them,
-not the file system); the servers' Python never imports from the state folder (`-P`).
+not the file system). No service runs in the state folder: MLflow and Prefect start in `work/`, an empty
+folder of mode 0500 that nothing writes (uvicorn imports the app from where it runs, whatever Python is
+told), PostgreSQL in its cluster folder; and Python imports nothing from the folder it runs in (`-P`, and
+PYTHONSAFEPATH for what the servers start in turn: MLflow's server starts `python -m uvicorn` itself).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import ipaddress
 import os
@@ -25,6 +29,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import urllib.error
@@ -136,6 +141,31 @@ def check_state_folder(state: Path, shown: Path, traversable: bool = False) -> N
         )
 
 
+def working_folder(path: Path) -> Path:
+    """`path` as the servers' working folder: this user's, empty, 0500 (made so when missing), so nothing
+    writes into it, the servers included. Uvicorn imports the app from the folder it runs in whatever
+    Python is told; a link, a file or another user's folder in its place, or anything in it, is refused."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o500)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        mode = info.st_mode
+        kind = "a link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "a file"
+        raise ConfigError(
+            f"{path}: the servers' working folder is {kind} of user {info.st_uid}; it must be a folder of "
+            f"this user's ({os.geteuid()}): remove it to have a new one made"
+        )
+    path.chmod(0o500)
+    held = sorted(os.listdir(path))
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise ConfigError(
+            f"{path}: the servers' working folder holds {shown}; it must be empty (the servers' uvicorn "
+            "imports from it): remove them"
+        )
+    return path
+
+
 def postgres_program(name: str) -> str:
     """A PostgreSQL server program: on PATH, else Debian's /usr/lib/postgresql/N/bin (newest N)."""
     debian = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda path: int(path.split("/")[4]))
@@ -171,6 +201,7 @@ class Stack:
         self.state = settings.state.resolve()
         self.cluster = self.state / "postgres"
         self.artifacts = self.state / "artifacts"
+        self.work = self.state / "work"  # where MLflow and Prefect run: empty, written by nobody
         self.user = postgres_user()
 
     # --- PostgreSQL -----------------------------------------------------------------------------------
@@ -193,7 +224,9 @@ class Stack:
         try:
             command = [postgres_program("initdb"), "-D", str(self.cluster), "-U", ROLE]
             command += ["--pwfile", str(initial), "--auth=scram-sha-256", "-E", "UTF8", "--no-instructions"]
-            result = subprocess.run(command, capture_output=True, text=True, user=self.user, check=False)
+            result = subprocess.run(
+                command, capture_output=True, text=True, user=self.user, cwd=self.cluster, check=False
+            )
         finally:
             initial.unlink(missing_ok=True)
         if result.returncode != 0:
@@ -226,9 +259,10 @@ class Stack:
         command += ["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="]
         command += ["-c", "max_connections=200"]  # two servers' pools and many writers' requests
         return Service(
-            "postgres", command, self._postgres_answers, user=self.user, prepare=self._create_databases,
+            "postgres", command, self._postgres_answers,
+            cwd=str(self.cluster),  # its user's folder, where it runs anyway; it must reach it as that user
+            user=self.user, prepare=self._create_databases,
             death_signal=signal.SIGINT,  # "fast" shutdown: it does not wait for clients that are gone too
-            cwd=str(self.state),
         )  # fmt: skip
 
     def _connect(self):
@@ -287,7 +321,7 @@ class Stack:
             command += ["--app-name", "basic-auth"]
             env.update(self._mlflow_auth())
         health = f"http://{s.local}:{s.mlflow_port}/health"
-        return Service("mlflow", command, lambda: _answers(health), env=env, cwd=str(self.state))
+        return Service("mlflow", command, lambda: _answers(health), str(working_folder(self.work)), env=env)
 
     def _mlflow_auth(self) -> dict[str, str]:
         config = self.state / "mlflow-auth.ini"
@@ -325,7 +359,7 @@ class Stack:
         if s.auth:
             env["PREFECT_SERVER_API_AUTH_STRING"] = self.prefect_auth_string
         health = f"http://{s.local}:{s.prefect_port}/api/health"
-        return Service("prefect", command, lambda: _answers(health), env=env, cwd=str(self.state))
+        return Service("prefect", command, lambda: _answers(health), str(working_folder(self.work)), env=env)
 
     # --- what clients use -----------------------------------------------------------------------------
 

@@ -5,6 +5,12 @@ A checkpoint directory holds, per checkpoint, `<name>.pt` (tensors and state, lo
 and the `.pt` file's sha256, cheap to read), plus `manifest.json` listing them. Names: `step-00000100`
 for periodic checkpoints (the newest `keep_last` kept), `best` (lowest validation loss) and `final`.
 Every file is written to a temporary name, fsynced, then renamed over the old one; the manifest last.
+
+A checkpoint and its record are published as one unit, the weights' rename the one step between the
+old and the new (`_publish`): the new record lands first, still describing the content it replaces
+(`previous`) until that rename, so a kill at any moment leaves the checkpoint as it was or as it became,
+whole. `checkpoint_metadata` is the one rule every reader takes a record by: the one whose sha256 the
+file holds. An older gptpipe's pair, written without `previous`, reads as before.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ import numpy as np
 import torch
 
 from gptcore.errors import CheckpointError, first_line
-from gptcore.tools.atomic import write_atomic
+from gptcore.tools.atomic import temporary_sibling, write_atomic
 from gptcore.tools.disk_space import disk_full, is_disk_full
 from gptcore.tools.fingerprint import sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+# In a record published over another checkpoint of its name: the replaced content's record, readable
+# until the new weights' rename ends the publishing (kept after it only by a kill in between).
+PREVIOUS = "previous"
 # Fault injection for the kill tests: seconds to sleep inside each checkpoint file write, after the
 # temporary file is written and before it is renamed, so a test can kill the process mid-write.
 WRITE_DELAY_ENV = "GPTPIPE_FAULT_CHECKPOINT_WRITE_DELAY"
@@ -85,8 +94,8 @@ def _write_delay() -> None:
         time.sleep(float(delay))
 
 
-def _atomic_write(target: Path, write: Any) -> None:
-    write_atomic(target, write, before_rename=_write_delay)
+def _atomic_write(target: Path, write: Any, before_rename: Callable[[], None] = _write_delay) -> None:
+    write_atomic(target, write, before_rename=before_rename)
 
 
 def _write_json(target: Path, value: Any) -> None:
@@ -149,10 +158,7 @@ def save_checkpoint(
     path = directory / f"{name}.pt"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, lambda handle: torch.save(state, handle))
-        sidecar = {**record, "name": name, "file": path.name, "sha256": sha256_file(path)}
-        sidecar.update(bytes=path.stat().st_size, format_version=FORMAT_VERSION, written_at=time.time())
-        _write_json(directory / f"{name}.json", sidecar)
+        sidecar = _publish(path, state, record)
         manifest = read_manifest(directory)
         manifest["checkpoints"][name] = {k: sidecar[k] for k in ("file", "sha256", "step", "kind")}
         _write_json(directory / MANIFEST, manifest)
@@ -169,6 +175,40 @@ def save_checkpoint(
     if keep_last is not None:
         _prune(directory, keep_last)
     return path, time.perf_counter() - started
+
+
+def _publish(path: Path, state: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """Write `path` and its record as one unit; returns the record. The weights are written to their
+    temporary name, then the record (with the replaced content's, `previous`), then the weights renamed
+    into place: until that rename the old checkpoint reads whole, after it the new one. The record is
+    then written again without `previous`, which a kill before it leaves, harmless."""
+    previous = _current_record(path)
+    sidecar: dict[str, Any] = {}
+
+    def record_then_rename() -> None:  # the weights complete under their temporary name
+        staged = temporary_sibling(path)
+        sidecar.update(record, name=path.stem, file=path.name, sha256=sha256_file(staged))
+        sidecar.update(bytes=staged.stat().st_size, format_version=FORMAT_VERSION, written_at=time.time())
+        _write_json(
+            path.with_suffix(".json"), sidecar if previous is None else {**sidecar, PREVIOUS: previous}
+        )
+        _fsync_directory(path.parent)  # the record on disk before the weights it describes replace the old
+        _write_delay()
+
+    _atomic_write(path, lambda handle: torch.save(state, handle), before_rename=record_then_rename)
+    if previous is not None:
+        _write_json(path.with_suffix(".json"), sidecar)
+    return sidecar
+
+
+def _current_record(path: Path) -> dict[str, Any] | None:
+    """The record of the content `path` holds now, kept readable while it is replaced; None without one."""
+    if not path.is_file():
+        return None
+    try:
+        return checkpoint_metadata(path)
+    except CheckpointError:
+        return None
 
 
 def _forget_unlisted(directory: Path, name: str) -> None:
@@ -293,12 +333,21 @@ def named_checkpoint(directory: Path, name: str) -> Path | None:
 
 
 def checkpoint_metadata(path: Path) -> dict[str, Any]:
-    """The sidecar: step, epoch, kind, fingerprint, config, model config, metadata, sha256; no tensors."""
+    """The record of the checkpoint's content: step, epoch, kind, fingerprint, config, model config,
+    metadata, sha256; no tensors. Its sidecar, or, while a publishing is in flight or was cut short (the
+    sidecar carries `previous`), the one of the two records whose sha256 the file holds: only then is the
+    file hashed."""
     path = Path(path)
     sidecar = path.with_suffix(".json")
     if not sidecar.is_file():
         raise CheckpointError(f"{path}: no checkpoint record {sidecar.name} beside it")
-    return _read_json(sidecar)
+    record = _read_json(sidecar)
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{sidecar}: unreadable checkpoint record (not a mapping)")
+    previous = record.pop(PREVIOUS, None)
+    if isinstance(previous, dict) and path.is_file() and sha256_file(path) == previous.get("sha256"):
+        return previous
+    return record
 
 
 def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
@@ -316,9 +365,9 @@ def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
 
 
 def damage(path: Path) -> str | None:
-    """Why a checkpoint would not load (no record, another format, content that differs from its
-    recorded sha256: a write cut short between its two files); None when it is whole. It hashes the
-    file, but loads no tensor."""
+    """Why a checkpoint would not load (no record, content that differs from its recorded sha256: a
+    damaged file, or an older gptpipe's write cut short between its two files); None when it is whole.
+    It hashes the file, but loads no tensor."""
     try:
         record = checkpoint_metadata(path)
         if not Path(path).is_file():

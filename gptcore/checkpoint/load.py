@@ -8,6 +8,7 @@ base and adapters), for the trainer to resume exactly; they are read once more, 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +19,41 @@ from gptcore.finetune.start import lora_of
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 
+# What each choice tries before the periodic and final checkpoints the manifest lists, newest first.
+NAMED = {"best": ("best", "final"), "final": ("final",), "auto": ("final",), "latest": ()}
+log = logging.getLogger(__name__)
+
 
 def choose_checkpoint(directory: Path, name: str = "auto") -> Path:
-    """`final`, `best`, `latest`, or `auto` (final, else the latest periodic one)."""
+    """`whole_checkpoint`'s choice, a warning naming each checkpoint passed over and why."""
+    path, passed_over = whole_checkpoint(directory, name)
+    if passed_over:
+        log.warning("warning: %s; taking %s instead", "; ".join(passed_over), path.name)
+    return path
+
+
+def whole_checkpoint(directory: Path, name: str = "auto") -> tuple[Path, list[str]]:
+    """The rule every reader of a checkpoint folder takes one by: the first whole one (`files.damage`)
+    of `name` (`best`, `final`; `auto`: final), final, then the newest periodic or final one (`latest`
+    starts there). Returns it and why each before it was passed over (a named one missing included); a
+    CheckpointError when none is there or none is whole."""
     directory = Path(directory)
-    if name in ("final", "best"):
-        path = ckpt.named_checkpoint(directory, name)
-    elif name in ("latest", "auto"):
-        path = (
-            ckpt.named_checkpoint(directory, "final") if name == "auto" else None
-        ) or ckpt.latest_checkpoint(directory)
-    else:
+    if name not in NAMED:
         raise CheckpointError(f"--checkpoint {name!r}: expected auto, final, best or latest")
-    if path is None:
+    candidates = [directory / f"{each}.pt" for each in NAMED[name]] + ckpt.resume_candidates(directory)
+    present = [path for path in dict.fromkeys(candidates) if path.is_file()]
+    if not present:
         raise CheckpointError(
             f"{directory}: no {name} checkpoint there (train with --checkpoint-directory first)"
         )
-    return path
+    missing = name in ("best", "final") and candidates[0] not in present
+    passed_over = [f"{candidates[0]}: checkpoint not found"] if missing else []
+    for path in present:
+        problem = ckpt.damage(path)
+        if problem is None:
+            return path, passed_over
+        passed_over.append(problem)
+    raise CheckpointError(f"{directory}: no whole checkpoint there: {'; '.join(passed_over)}")
 
 
 def load_model(path: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any]]:

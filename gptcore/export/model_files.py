@@ -6,12 +6,16 @@ tokenizer the model was trained with. A quantized model (`gptcore.model.quantiza
 `quantization.json`
 naming its method; an int8 one keeps its weights in `model.pt` instead (torchao's int8 tensors are not
 plain tensors, which safetensors requires; `torch.load(weights_only=True)` reads them, nothing else).
+Every command that reads model files reads them here: weights that pickle anything but tensors, or a
+damaged file, are one DataError naming the file, and nothing in them runs.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,21 +122,47 @@ def quantization_method(quantization: Path | None) -> str:
 
 
 def read_model_files(
-    weights: Path, config: Path, device: str = "cpu", quantization: Path | None = None
+    weights: Path,
+    config: Path,
+    device: str = "cpu",
+    quantization: Path | None = None,
+    source: str | None = None,
 ) -> GPT:
-    """The model the files hold, in evaluation mode (quantized as `quantization` says)."""
-    import torch
-    from safetensors.torch import load_model
-
+    """The model the files hold, in evaluation mode (quantized as `quantization` says). Weights that are
+    not plain tensors, or not this model's, are one DataError naming `source` (what the user named, such
+    as `--model URI`) and the file (by default its path): nothing in them is run."""
     from gptcore.model.quantization import apply
 
     model = GPT(ModelConfig.model_validate(json.loads(Path(config).read_text(encoding="utf-8"))))
     method = quantization_method(quantization)
     model = apply(model.eval(), method)  # the quantized shapes and types the weights load into
-    if Path(weights).suffix == ".safetensors":
-        load_model(model, str(weights), device=device)
-    else:
-        model.load_state_dict(torch.load(weights, map_location=device, weights_only=True), assign=True)
-        if model.config.tie_embeddings:  # assign=True loaded them as two parameters
-            model.lm_head.weight = model.transformer.wte.weight
+    weights = Path(weights)
+    _load_weights(model, weights, device, f"{source}: {weights.name}" if source else str(weights))
     return model.to(device).eval()
+
+
+def _load_weights(model: GPT, weights: Path, device: str, shown: str) -> None:
+    """`weights` into `model`: safetensors, or a pickle of tensors alone (`weights_only`)."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    try:
+        if weights.suffix == ".safetensors":
+            load_model(model, str(weights), device=device)
+            return
+        with warnings.catch_warnings():  # torch's note on a pickle protocol: the refusal below says enough
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(weights, map_location=device, weights_only=True)
+        model.load_state_dict(state, assign=True)
+    except pickle.UnpicklingError:  # weights_only met an object that is not a tensor: never run it
+        raise DataError(
+            f"{shown} holds objects other than tensors; refused unread (not a plain weights file: a pickle "
+            "that would run code)"
+        ) from None
+    except (SafetensorError, OSError, EOFError, RuntimeError, KeyError, ValueError, TypeError) as error:
+        # a damaged file, or another model's tensors: torch and safetensors say it many ways
+        reason = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"  # torch's: many lines
+        raise DataError(f"{shown} cannot be loaded as this model's weights ({reason})") from None
+    if model.config.tie_embeddings:  # assign=True loaded them as two parameters
+        model.lm_head.weight = model.transformer.wte.weight

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gptcore.tools.strict import Strict
 
-# The linear layers LoRA may adapt, in the model's own terms (gptcore.model.gpt: each block's `attn` and
-# `mlp`); the tied embedding and output head are never adapted.
+# The linear layers LoRA may adapt, each block's, by the role they have in every recipe (gptcore.model.gpt
+# keeps GPT-2's names in the modern recipe too, and an imported GPT-2 is read into them): `attn.c_attn`
+# the queries, keys and values (one fused layer), `attn.c_proj` attention's output, `mlp.c_fc` the MLP's
+# input (up; SwiGLU's gate and up fused), `mlp.c_proj` its output (down). The embedding and the output
+# head are never adapted.
 LoRATarget = Literal["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
+# The same layers by role, as a parameter file may name them; read as the layers' names, so a run's
+# identity and its adapter's files are the same whichever way the file said it.
+ROLES: dict[str, LoRATarget] = {
+    "qkv": "attn.c_attn",
+    "attention_output": "attn.c_proj",
+    "mlp_up": "mlp.c_fc",
+    "mlp_down": "mlp.c_proj",
+}
 
 
 class LoRAConfig(Strict):
@@ -21,8 +32,25 @@ class LoRAConfig(Strict):
     alpha: float = Field(default=16.0, gt=0.0, description="the update's scale is alpha / r")
     dropout: float = Field(default=0.05, ge=0.0, lt=1.0, description="on the adapter's input, in training")
     targets: list[LoRATarget] = Field(
-        default=["attn.c_attn", "attn.c_proj"], min_length=1, description="the layers adapted in every block"
+        default=["attn.c_attn", "attn.c_proj"],
+        min_length=1,
+        description="the layers adapted in every block, the same in every recipe, by role or name: qkv "
+        "(attn.c_attn: query, key and value), attention_output (attn.c_proj), mlp_up (mlp.c_fc: the MLP's "
+        "up, and SwiGLU's gate), mlp_down (mlp.c_proj)",
     )
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _by_role(cls, targets: Any) -> Any:
+        """A role (`qkv`, ...) read as its layer's name; a name passes as it is; anything else is refused
+        with both lists."""
+        if not isinstance(targets, list):
+            return targets
+        known = (*ROLES, *get_args(LoRATarget))
+        for target in targets:
+            if target not in known:
+                raise ValueError(f"{target!r} is no layer LoRA adapts: expected some of {', '.join(known)}")
+        return [ROLES.get(target, target) for target in targets]
 
 
 # The torchao formats a QLoRA base may be held in: int8 weight-only alone. The adapters' gradients flow

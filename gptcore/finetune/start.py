@@ -57,27 +57,32 @@ def weights_file(weights: Path) -> Path:
 def load_weights(model: nn.Module, config: ModelConfig, weights: Path) -> None:
     from safetensors.torch import load_model
 
-    path = check_shape(config, weights)
+    path = check_architecture(config, weights)
     load_model(model, str(path))
 
 
-def check_shape(config: ModelConfig, weights: Path, named: str | None = None) -> Path:
-    """The weights file of `weights`, when the architecture saved beside it is `config`'s (in every
-    respect that decides a weight's shape); a ConfigError naming `model` (and the weights as `named`,
-    else by their folder) otherwise."""
+def saved_architecture(weights: Path) -> ModelConfig | None:
+    """The architecture a model's files record beside its weights (`model_config.json`; None: none)."""
+    saved = weights_file(weights).with_name("model_config.json")
+    if not saved.is_file():
+        return None
+    return ModelConfig.model_validate(json.loads(saved.read_text(encoding="utf-8")))
+
+
+def check_architecture(config: ModelConfig, weights: Path, named: str | None = None) -> Path:
+    """The weights file of `weights`, when the architecture saved beside it is `config`'s in every field
+    that decides what the weights compute (`ModelConfig.differences`: ReLU²'s weights have GELU's shapes);
+    a ConfigError naming `model` (and the weights as `named`, else by their folder) otherwise."""
     path = weights_file(weights)
-    saved = path.with_name("model_config.json")
-    if saved.is_file():
-        theirs = ModelConfig.model_validate(json.loads(saved.read_text(encoding="utf-8")))
-        shape = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
-        differs = [f"{key} {getattr(theirs, key)} (this run: {getattr(config, key)})" for key in shape
-                   if getattr(theirs, key) != getattr(config, key)]  # fmt: skip
-        if differs:
-            which = named or f"in {path.parent}"
-            raise ConfigError(
-                f"model: the weights {which} are of another shape: {', '.join(differs)}; "
-                "set model to the architecture they were trained with"
-            )
+    theirs = saved_architecture(path)
+    differs = theirs.differences(config) if theirs is not None else {}
+    if differs:
+        which = named or f"in {path.parent}"
+        shown = ", ".join(f"{key} {saved} (this run: {ours})" for key, (saved, ours) in differs.items())
+        raise ConfigError(
+            f"model: the weights {which} are of another architecture: {shown}; set model to the "
+            "architecture they were trained with"
+        )
     return path
 
 

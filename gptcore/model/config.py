@@ -95,6 +95,12 @@ class ModelConfig(Strict):
             key: value for key, value in self.model_dump().items() if key not in GPT2_RECIPE
         } | self.recipe()
 
+    def differences(self, other: ModelConfig) -> dict[str, tuple[object, object]]:
+        """The fields in which `other` builds another model than this config, as {field: (this one's,
+        other's)}: every field but dropout, a training setting that no weight depends on."""
+        mine, theirs = self.model_dump(exclude={"dropout"}), other.model_dump(exclude={"dropout"})
+        return {key: (mine[key], theirs[key]) for key in mine if mine[key] != theirs[key]}
+
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 

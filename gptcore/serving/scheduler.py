@@ -14,7 +14,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from gptcore.serving.decoder import BatchDecoder
@@ -47,6 +48,7 @@ class Scheduler:
         self._waiting: deque[Sequence] = deque()
         self._wake = threading.Condition()
         self._stopping = False
+        self._held = False  # while held, waiting sequences stay waiting (`held`)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="gptpipe-decode", daemon=True)
@@ -74,6 +76,20 @@ class Scheduler:
             self._wake.notify()
         if self._thread.is_alive():
             self._thread.join()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """No waiting sequence joins while held; running ones go on decoding. Whoever holds it decides
+        who decodes together: sequences submitted meanwhile join at one step boundary, oldest first, as
+        many as there are free rows."""
+        with self._wake:
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._held = False
+                self._wake.notify()
 
     def submit(self, sequences: list[Sequence]) -> None:
         """Queue a request's sequences, all or none."""
@@ -105,11 +121,12 @@ class Scheduler:
     def _loop(self, decoder: BatchDecoder) -> None:
         while True:
             with self._wake:
-                while not (self._stopping or self._waiting or decoder.running):
+                while not (self._stopping or (self._waiting and not self._held) or decoder.running):
                     self._wake.wait()
                 if self._stopping:
                     break
-                joining = [self._waiting.popleft() for _ in range(min(decoder.free, len(self._waiting)))]
+                admitted = 0 if self._held else min(decoder.free, len(self._waiting))
+                joining = [self._waiting.popleft() for _ in range(admitted)]
             now = time.monotonic()
             for sequence in joining:
                 if not _gone(sequence, now):

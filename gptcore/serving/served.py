@@ -5,13 +5,11 @@ unpickled as code, whoever registered them."""
 from __future__ import annotations
 
 import json
-import pickle
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from gptcore.data.config import TokenizerConfig
-from gptcore.errors import ConfigError, DataError, first_line
+from gptcore.errors import ConfigError, DataError
 from gptcore.export.model_files import ModelFiles
 from gptcore.model.gpt import GPT
 
@@ -58,18 +56,9 @@ def load_served(files: ModelFiles, name: str, device: str = "cpu") -> ServedMode
     from gptcore.export.model_files import read_model_files
 
     check_files(files, name)
-    weights = files.weights.name
-    try:
-        with warnings.catch_warnings():  # torch's note on a pickle protocol: the refusal below says enough
-            warnings.simplefilter("ignore", UserWarning)
-            model = read_model_files(files.weights, files.config, device, quantization=files.quantization)
-    except pickle.UnpicklingError:  # weights_only met an object that is not a tensor: never run it
-        raise DataError(
-            f"--model {name}: {weights} holds objects other than tensors; refused unread"
-        ) from None
-    except (RuntimeError, ValueError, KeyError, OSError) as error:
-        reason = first_line(error, 200)
-        raise DataError(f"--model {name}: {weights} does not hold this model's tensors ({reason})") from None
+    model = read_model_files(
+        files.weights, files.config, device, quantization=files.quantization, source=f"--model {name}"
+    )
     try:
         tokenizer = Tokenizer.from_file(str(files.tokenizer))
     except Exception:  # the Rust loader raises a bare Exception for any malformed file

@@ -31,7 +31,7 @@ def train_job(params: PipelineParams, stage: TrainingStage = "full", **fields: A
         )
     start = {"init_weights": weights, "lora": tune.adapters() if tune else None} if weights else {}
     return TrainJob(
-        model=params.model.architecture,
+        model=params.model_profile().architecture,
         runtime=params.runtime,
         training=TrainingConfig.of(params.training_section(stage)),
         device_defaults=params.defaults_for,

@@ -12,10 +12,19 @@ import yaml
 from pydantic import ValidationError
 
 from gptcore.errors import ConfigError
+from gptcore.model.config import ModelConfig
+from gptcore.runtime.config import DeviceDefaults
 from tasks.params.schema import ModelProfile, PipelineParams
 
 PARAMS_DIR = Path(__file__).resolve().parent.parent.parent / "params"
 PROFILES_DIR = PARAMS_DIR / "profiles"
+# A start model of an architecture no profile has runs as this profile, unless runtime.cpu / runtime.gpu
+# say otherwise: small batches, for a size nothing here has measured (runtime.batch_size auto probes).
+BASE_MODEL_PROFILE = "base-model"
+BASE_MODEL_DEFAULTS = {
+    "cpu": DeviceDefaults(batch_size=1, grad_accum_steps=8),
+    "gpu": DeviceDefaults(batch_size=8, precision="bf16"),
+}
 
 
 class ParamsLoader(yaml.SafeLoader):
@@ -82,6 +91,16 @@ def load_profile(name_or_path: str, base: Path = PROFILES_DIR) -> ModelProfile:
         return ModelProfile.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_describe_error(str(path), error)) from None
+
+
+def profile_of(architecture: ModelConfig, base: Path = PROFILES_DIR) -> ModelProfile:
+    """The profile a start model of `architecture` runs as: the one in `base` of that architecture (its
+    name and device defaults; the dropout `architecture`'s), else `BASE_MODEL_PROFILE`."""
+    for path in sorted(base.glob("*.yaml")):
+        profile = load_profile(str(path), base)
+        if not profile.architecture.differences(architecture):
+            return profile.model_copy(update={"architecture": architecture})
+    return ModelProfile(name=BASE_MODEL_PROFILE, architecture=architecture, **BASE_MODEL_DEFAULTS)
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:

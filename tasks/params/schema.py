@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
+from gptcore.errors import ConfigError
 from gptcore.eval.config import EvaluateConfig, QuantizeConfig
 from gptcore.finetune.config import LoRAConfig, QLoRAConfig
 from gptcore.model.config import ModelConfig
@@ -104,8 +105,8 @@ class FullTrainingConfig(TrainingConfig):
 
 class FinetuneConfig(Strict):
     """Adapting a trained model to new text (flows.finetune): the parameter file's corpus is the new
-    text, its `full` section the fine-tune's optimizer, schedule and budget, its `model` the base's
-    architecture (checked against the base's before anything trains)."""
+    text, its `full` section the fine-tune's optimizer, schedule and budget. The architecture is the
+    base's own (its files say it); a `model` section, if any, is checked against it."""
 
     name: str = Field(
         pattern=r"^[a-z0-9][a-z0-9-]{0,40}$",
@@ -211,7 +212,12 @@ class PipelineParams(Strict):
     """One iteration's parameter file, with its model profile resolved."""
 
     iteration: int = Field(ge=1, description="the iteration's number: names runs and registered models")
-    model: ModelProfile = Field(description="the model profile (a name in the file, resolved on load)")
+    model: ModelProfile | None = Field(
+        default=None,
+        description="the model profile (a name in the file, resolved on load); optional for a run from a "
+        "start model (finetune.model, full.init_from), whose own files say its architecture: one given "
+        "is checked against them",
+    )
     corpus: CorpusConfig = Field(default=CorpusConfig(), description="where documents come from")
     tokenizer: TokenizerConfig = Field(default=TokenizerConfig(), description="the tokenizer stage")
     data: DataConfig = Field(default=DataConfig(), description="the tokens stage's build")
@@ -229,8 +235,17 @@ class PipelineParams(Strict):
     )
 
     @model_validator(mode="after")
-    def _tokenizer_fits_model(self) -> PipelineParams:
-        if self.start_model_key() is None and self.tokenizer.vocab_size > self.model.architecture.vocab_size:
+    def _a_model_to_build(self) -> PipelineParams:
+        """The model named, and its vocabulary able to hold the tokenizer trained for it; a run from a start
+        model takes that model's architecture and tokenizer (`tasks.stages.start_model`)."""
+        if self.start_model_key() is not None:
+            return self
+        if self.model is None:
+            raise ValueError(
+                "model: missing required key: name a profile of params/profiles/ (only a run from "
+                "finetune.model or full.init_from takes its model's own architecture)"
+            )
+        if self.tokenizer.vocab_size > self.model.architecture.vocab_size:
             raise ValueError(
                 f"tokenizer.vocab_size {self.tokenizer.vocab_size} exceeds the model's vocabulary "
                 f"{self.model.architecture.vocab_size}"
@@ -259,6 +274,16 @@ class PipelineParams(Strict):
             return "finetune.model"
         return "full.init_from" if self.full.init_from is not None else None
 
+    def model_profile(self) -> ModelProfile:
+        """The model training builds: the file's profile, or (the file naming none) its start model's,
+        once the stage before training took it from the model's files (`tasks.stages.start_model`)."""
+        if self.model is None:
+            raise ConfigError(
+                f"model: none named, and {self.start_model_key()}'s architecture is read from its files "
+                "only by gptpipe run and gptpipe finetune: name a profile in model to train it here"
+            )
+        return self.model
+
     def start_weights(self) -> Path | None:
         """The model files training loads first, as the stage before resolved them: a fine-tune's base
         (`finetune.weights`), a continued pretraining's `full.init_weights`; None: random weights."""
@@ -271,6 +296,10 @@ class PipelineParams(Strict):
         if stage == "full":
             return self.full
         return self.smoke.model_copy(update={"optimizer": self.smoke.optimizer or self.full.optimizer})
+
+    def model_params(self) -> dict[str, Any]:
+        """The model profile as `model.*` run params (none while a start model's is not resolved)."""
+        return self.model.as_params() if self.model is not None else {}
 
     def optimizer_params(self, stage: TrainingStage = "full") -> dict[str, Any]:
         """The stage's optimizer settings as `optimizer.*` run params: its name always, Muon's settings
@@ -301,5 +330,5 @@ class PipelineParams(Strict):
         """The runtime defaults for a resolved device: the parameter file's, else the profile's (an
         accelerator, CUDA or Apple's MPS, takes the `gpu` ones)."""
         if device != "cpu":
-            return self.runtime.gpu or self.model.gpu
-        return self.runtime.cpu or self.model.cpu
+            return self.runtime.gpu or self.model_profile().gpu
+        return self.runtime.cpu or self.model_profile().cpu

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gptcore.errors import CheckpointError, ConfigError
+from gptcore.errors import ConfigError
 from gptcore.tools.atomic import write_json_atomic, write_text_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint
 from tasks.caching import stage_task
@@ -34,27 +34,15 @@ _FIGURES = (
 
 
 def evaluated_checkpoint(params: PipelineParams, full: CheckpointsResult) -> Path:
-    """The checkpoint `evaluate.checkpoint` names in the trained (or merged) folder (best, else final);
-    one that is damaged (a write cut short between its two files) is passed over for the newest whole
-    one, with a line saying so, so a retry never fails on it forever."""
-    from gptcore.checkpoint.files import damage, named_checkpoint, resume_candidates
+    """The checkpoint `evaluate.checkpoint` names in the trained (or merged) folder, by the rule every
+    reader follows (`gptcore.checkpoint.load.whole_checkpoint`): one missing or damaged is passed over
+    for final, then the newest whole one, with a line saying so, so a retry never fails on it forever."""
+    from gptcore.checkpoint.load import whole_checkpoint
 
-    directory = Path(full.run_directory)
-    named = [
-        named_checkpoint(directory, name) for name in dict.fromkeys((params.evaluate.checkpoint, "final"))
-    ]
-    candidates = [path for path in dict.fromkeys([*named, *resume_candidates(directory)]) if path is not None]
-    if not candidates:
-        raise CheckpointError(f"{directory}: no {params.evaluate.checkpoint} or final checkpoint to evaluate")
-    problems = []
-    for path in candidates:
-        problem = damage(path)
-        if problem is None:
-            if problems:
-                announce(f"evaluate: {'; '.join(problems)}; evaluating {path.name} instead")
-            return path
-        problems.append(problem)
-    raise CheckpointError(f"{directory}: no whole checkpoint to evaluate: {'; '.join(problems)}")
+    path, passed_over = whole_checkpoint(Path(full.run_directory), params.evaluate.checkpoint)
+    if passed_over:
+        announce(f"evaluate: {'; '.join(passed_over)}; evaluating {path.name} instead")
+    return path
 
 
 def checkpoint_digest(full: CheckpointsResult, checkpoint: Path) -> str:

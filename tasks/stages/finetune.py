@@ -12,49 +12,51 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.errors import ConfigError
+from gptcore.model.config import ModelConfig
 from gptcore.tools.atomic import write_json_atomic
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 from tasks.caching import stage_task
 from tasks.params.schema import FinetuneConfig, PipelineParams
 from tasks.results import BaseResult, BeforeAfterResult, FullResult, MergeResult, TokensResult, file_record
-from tasks.stages.start_model import StartModel, check_start, resolve_start
+from tasks.stages.start_model import CheckedStart, StartModel, check_start, resolve_start
 from tasks.stages.training import announce, run_directory
 
 BEFORE_AFTER_FILE = "before_after.json"
 
 
 def resolve_base(params: PipelineParams) -> BaseResult:
-    """The base's files in place and checked (`check_base`), the new corpus's tokenizer manifest over
-    them (`tasks.stages.start_model`), the base corpus's test split found."""
+    """The base's files in place and checked (`check_base`), its architecture, the new corpus's tokenizer
+    manifest over them (`tasks.stages.start_model`), the base corpus's test split found."""
     from gptcore.export.model_files import model_files_in
 
-    check_methods(params)
     base = resolve_start(params, _base_of(params))
+    architecture = base.model.architecture
+    check_methods(params, architecture)
     data_root = Path(params.paths.data_root).resolve()
     tokenizer = model_files_in(Path(base.folder)).tokenizer
     corpus = base.tokenizer["corpus_fingerprint"]
     own = base.lineage.get("base_test_split")
-    return base.model_copy(
-        update={"base_test_tokens": _base_test_split(params, tokenizer, data_root, corpus, own)}
-    )
+    found = _base_test_split(params, tokenizer, architecture.vocab_size, data_root, corpus, own)
+    return base.model_copy(update={"base_test_tokens": found})
 
 
-def check_base(params: PipelineParams, scratch: Path) -> tuple[Any, dict[str, str]]:
-    """The base's files (downloaded into `scratch`) and lineage, when they fit the parameter file
-    (`start_model.check_start`) and the methods can train on it (`check_methods`); a one-line error naming
-    the key otherwise. Nothing is kept: `gptpipe finetune` calls this before anything starts."""
-    found = check_start(params, _base_of(params), scratch)
-    check_methods(params)
+def check_base(params: PipelineParams, scratch: Path, source: str = "the parameter file") -> CheckedStart:
+    """The base's files (downloaded into `scratch`), lineage and architecture, when they fit the
+    parameter file `source` (`start_model.check_start`) and the methods can train on it (`check_methods`);
+    a one-line error naming the key otherwise. Nothing is kept: `gptpipe finetune` calls this before
+    anything starts."""
+    found = check_start(params, _base_of(params), scratch, source)
+    check_methods(params, found.model.architecture)
     return found
 
 
-def check_methods(params: PipelineParams) -> None:
+def check_methods(params: PipelineParams, architecture: ModelConfig) -> None:
     """The adapters' targets and rank on the base's architecture; QLoRA's kernels on the device."""
     from gptcore.finetune.lora import check_adapters
 
     tune = finetune_section(params)
     if {"lora", "qlora"} & set(tune.methods()):
-        check_adapters(params.model.architecture, tune.lora)
+        check_adapters(architecture, tune.lora)
     if "qlora" in tune.methods():
         check_quantized_base(params)
 
@@ -82,7 +84,7 @@ def finetune_section(params: PipelineParams, source: str = "the parameter file")
 
 
 def _base_test_split(
-    params: PipelineParams, tokenizer: Path, data_root: Path, corpus: str, own: str | None = None
+    params: PipelineParams, tokenizer: Path, vocab_size: int, data_root: Path, corpus: str, own: str | None
 ) -> str | None:
     """`finetune.base_test_tokens`, checked to be a test split made with the base's tokenizer; unset, the
     base's own split (`own`, the fingerprint its registered version names) under the data root, else the
@@ -101,7 +103,7 @@ def _base_test_split(
         return str(found) if found else None
     try:
         stream = open_tokens(given)
-        check_tokenizer(tokenizer, params.model.architecture.vocab_size, (stream,))
+        check_tokenizer(tokenizer, vocab_size, (stream,))
     except DataError as error:
         raise ConfigError(f"finetune.base_test_tokens {given}: {error}") from None
     if stream.manifest is None or stream.manifest.split != "test":
@@ -124,11 +126,20 @@ def merge_task(fingerprint: str, params: PipelineParams, full: FullResult) -> Me
     """The fine-tune's checkpoints as plain models: a (Q)LoRA run's final and best merged into
     `<run>/merged`, and the evaluated one's adapters alone in `<run>/adapter`; a full fine-tune's
     checkpoints as they are (it trained the weights themselves)."""
-    from gptcore.checkpoint.files import named_checkpoint
+    from gptcore.checkpoint.files import damage
+    from gptcore.checkpoint.load import whole_checkpoint
     from gptcore.checkpoint.merge import ADAPTER_CONFIG, MERGED, merge_checkpoint, write_adapter
 
     directory = Path(full.run_directory)
-    trained = [path for name in ("final", "best") if (path := named_checkpoint(directory, name))]
+    # by the rule every reader follows: the evaluated one whole (else what it falls back to), and final
+    # and best where they are whole, so a kill mid-write never fails this stage for good
+    evaluated, passed_over = whole_checkpoint(directory, params.evaluate.checkpoint)
+    if passed_over:
+        announce(f"merge: {'; '.join(passed_over)}; taking {evaluated.name} instead")
+    named = [directory / f"{name}.pt" for name in ("final", "best")]
+    trained = list(
+        dict.fromkeys([*(path for path in named if path.is_file() and damage(path) is None), evaluated])
+    )
     if finetune_section(params).adapters() is None:
         plain = [str(path) for path in trained]
         announce("merge: full fine-tuning trained the weights themselves; nothing to merge")
@@ -137,7 +148,6 @@ def merge_task(fingerprint: str, params: PipelineParams, full: FullResult) -> Me
             files=file_record(*plain), outputs=plain, figures={"merged_checkpoints": 0},
         )  # fmt: skip
     merged = [merge_checkpoint(path, directory / MERGED) for path in trained]
-    evaluated = named_checkpoint(directory, params.evaluate.checkpoint) or trained[0]
     adapter = write_adapter(evaluated, directory / "adapter")
     outputs = [*merged, adapter, adapter.with_name(ADAPTER_CONFIG)]
     announce(f"merge: {len(merged)} checkpoint(s) merged into {directory / MERGED}; adapters in {adapter}")

@@ -1,9 +1,10 @@
 """The model a run starts from: a fine-tune's base (`finetune.model`) or a continued pretraining's
 `full.init_from`. Either is a model URI (registered, logged, `hf:<hub id or folder>`, a model-files
-folder), resolved and checked against the parameter file before anything trains (fp32 weights of its
-architecture, a tokenizer within its vocabulary that knows the end-of-text token), kept once under
-`<data_root>/base-models/<weights sha256>`, and its tokenizer made the run's: the corpus is encoded with
-the model's own vocabulary, never a new one. Resolved every time (an alias may have moved); copied once.
+folder), resolved and checked before anything trains (fp32 weights, a tokenizer within its vocabulary
+that knows the end-of-text token), kept once under `<data_root>/base-models/<weights sha256>`, and its
+architecture and tokenizer made the run's: training builds the model its files say (a `model` section in
+the parameter file is checked against it), and the corpus is encoded with the model's own vocabulary,
+never a new one. Resolved every time (an alias may have moved); copied once.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.errors import ConfigError
+from gptcore.model.config import ModelConfig
 from gptcore.tools.atomic import publish_directory, staging_directory
 from gptcore.tools.fingerprint import sha256_file
-from tasks.params.schema import PipelineParams
+from tasks.params.schema import ModelProfile, PipelineParams
 from tasks.results import BaseResult, file_record
 
 BASE_MODELS = "base-models"  # under paths.data_root
@@ -29,6 +31,15 @@ class StartModel:
     key: str  # the key that names it, for errors: finetune.model or full.init_from
 
 
+@dataclass(frozen=True)
+class CheckedStart:
+    """A start model's files as `check_start` found them, and the model a run from it builds."""
+
+    files: Any  # gptcore.export.model_files.ModelFiles, in the caller's scratch folder
+    lineage: dict[str, str]
+    model: ModelProfile  # the start model's own architecture (`start_profile`)
+
+
 def start_model(params: PipelineParams) -> StartModel | None:
     """The model the parameter file's training starts from (None: random initial weights)."""
     key = params.start_model_key()
@@ -37,14 +48,17 @@ def start_model(params: PipelineParams) -> StartModel | None:
     return StartModel(params.finetune.model if params.finetune else str(params.full.init_from), key)
 
 
-def check_start(params: PipelineParams, start: StartModel, scratch: Path) -> tuple[Any, dict[str, str]]:
-    """The model's files (downloaded into `scratch`) and lineage, when they fit the parameter file: fp32
-    weights of its architecture, a tokenizer within its vocabulary that knows the end-of-text token; a
-    one-line error naming `start.key` otherwise. Nothing is kept."""
+def check_start(
+    params: PipelineParams, start: StartModel, scratch: Path, source: str = "the parameter file"
+) -> CheckedStart:
+    """The model's files (downloaded into `scratch`), lineage and architecture, when a run can start
+    from them: fp32 weights, an architecture the parameter file (`source`) does not contradict, a tokenizer
+    within its vocabulary that knows the end-of-text token; a one-line error naming `start.key` otherwise.
+    Nothing is kept."""
     import tokenizers
 
     from gptcore.data.tokenfile import check_tokenizer
-    from gptcore.finetune.start import check_shape
+    from gptcore.finetune.start import saved_architecture
     from tasks.tracking.models.model_uri import base_model
 
     files, lineage = base_model(start.uri, params.tracking, scratch, start.key)
@@ -52,46 +66,71 @@ def check_start(params: PipelineParams, start: StartModel, scratch: Path) -> tup
         raise ConfigError(
             f"{start.key} {start.uri}: a {files.method} model; start from an fp32 one (@champion)"
         )
-    architecture = params.model.architecture
-    check_shape(architecture, files.weights, named=f"of {start.uri}")
-    check_tokenizer(files.tokenizer, architecture.vocab_size)
+    model = start_profile(params, saved_architecture(files.weights), start, source)
+    check_tokenizer(files.tokenizer, model.architecture.vocab_size)
     end_of_text = params.tokenizer.end_of_text
     if tokenizers.Tokenizer.from_file(str(files.tokenizer)).token_to_id(end_of_text) is None:
         raise ConfigError(f"{start.key}: the model's tokenizer has no end-of-text token {end_of_text!r}")
-    return files, lineage
+    return CheckedStart(files, lineage, model)
+
+
+def start_profile(
+    params: PipelineParams, saved: ModelConfig | None, start: StartModel, source: str
+) -> ModelProfile:
+    """The model a run from `start` builds: its own architecture, `saved` beside its weights. A `model`
+    section in the parameter file (`source`) must be that architecture (its dropout, a training setting,
+    is the run's); a file naming none takes the profile of that architecture (`loading.profile_of`)."""
+    from tasks.params.loading import profile_of
+
+    if saved is None:  # model files always carry it: a folder made by hand may not
+        raise ConfigError(f"{start.key} {start.uri}: no model_config.json beside its weights")
+    if params.model is None:
+        return profile_of(saved)
+    differs = params.model.architecture.differences(saved)
+    if differs:
+        ours = ", ".join(f"{key} {mine}" for key, (mine, _) in differs.items())
+        theirs = ", ".join(f"{key} {value}" for key, (_, value) in differs.items())
+        raise ConfigError(
+            f"{source}: model.architecture: {ours} is not the architecture of {start.key} {start.uri} "
+            f"({theirs}); remove the model section to train the model's own"
+        )
+    return params.model
 
 
 def resolve_start(params: PipelineParams, start: StartModel) -> BaseResult:
-    """The model's files in place and checked (`check_start`), and its tokenizer's manifest over the
-    parameter file's corpus, as the tokens stage takes a trained tokenizer's."""
+    """The model's files in place and checked (`check_start`), its architecture, and its tokenizer's
+    manifest over the parameter file's corpus, as the tokens stage takes a trained tokenizer's."""
     from gptcore.export.model_files import model_files_in
 
     data_root = Path(params.paths.data_root).resolve()
     with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
-        files, lineage = check_start(params, start, Path(scratch))
+        checked = check_start(params, start, Path(scratch))
+        files = checked.files
         folder = _kept_copy(files, data_root / BASE_MODELS / sha256_file(files.weights)[:16])
     kept = model_files_in(folder)
     return BaseResult(
         fingerprint=None,  # never cached: a model URI may name another version tomorrow
         uri=start.uri,
-        lineage=lineage,
+        lineage=checked.lineage,
         folder=str(folder),
         weights_sha256=sha256_file(kept.weights),
+        model=checked.model,
         tokenizer=_tokenizer_manifest(params, kept.tokenizer, data_root),
         files=file_record(kept.weights, kept.config, kept.tokenizer),
         outputs=[str(folder)],
-        figures={"base_model_uri": start.uri, **lineage},
+        figures={"base_model_uri": start.uri, **checked.lineage},
     )
 
 
 def started_from(params: PipelineParams, base: BaseResult) -> PipelineParams:
-    """The parameters with the start model's kept files as the weights training loads (`finetune.weights`
-    for a fine-tune, `full.init_weights` for continued pretraining)."""
+    """The parameters with the start model as what training builds and loads: its architecture (`model`)
+    and its kept files as the weights (`finetune.weights` for a fine-tune, `full.init_weights` for
+    continued pretraining)."""
     if params.finetune is not None:
-        return params.model_copy(
-            update={"finetune": params.finetune.model_copy(update={"weights": base.folder})}
-        )
-    return params.model_copy(update={"full": params.full.model_copy(update={"init_weights": base.folder})})
+        weights = {"finetune": params.finetune.model_copy(update={"weights": base.folder})}
+    else:
+        weights = {"full": params.full.model_copy(update={"init_weights": base.folder})}
+    return params.model_copy(update={"model": base.model, **weights})
 
 
 def _kept_copy(files: Any, folder: Path) -> Path:

@@ -90,11 +90,11 @@ class PipelineRecorder:
             )
         recorder = cls(session, parent, writer, params, name)
         writer.log_artifact(parent, params_path, "params")
-        writer.log_params(parent, params.model.as_params() | params.optimizer_params())
+        writer.log_params(parent, params.model_params() | params.optimizer_params())
         if trial:
             swept = trial.get("values", {})
             writer.log_params(parent, {f"sweep.{key}": value for key, value in swept.items()})
-        return recorder
+        return _champion_settled(recorder)
 
     def log_params(self, values: dict[str, Any]) -> None:
         """More params of the flow's run (a fine-tune's base and adapters, known once the base resolved)."""
@@ -133,7 +133,7 @@ class PipelineRecorder:
             if run_id is None:
                 return None  # no stage run to record into: the training goes on untracked
             section = "smoke" if stage == "smoke" else "full"  # a fine-tune trains with the full section
-            recipe = {} if self.params is None else self.params.model.as_params()
+            recipe = {} if self.params is None else self.params.model_params()
             recipe |= {} if self.params is None else self.params.optimizer_params(section)
             params = {**recipe, **self.data_params}
             self.callbacks[stage] = self.session.training_callback(
@@ -286,3 +286,13 @@ class PipelineRecorder:
         warning = self.writer.close().warning(f"MLflow run {self.writer.resolved(self.parent_run_id)}")
         if warning and self.writer.report.waiting_records:  # failures alone are the stage runs' tags
             print(warning, file=sys.stderr, flush=True)
+
+
+def _champion_settled(recorder: PipelineRecorder) -> PipelineRecorder:
+    """The run's registered model's `@champion` settled at the run's start (`registry.settle_champion`:
+    a racer killed right after a stale set is put right); bounded, nothing while the store is away."""
+    from tasks.tracking.models.registry import registered_name, settle_champion
+
+    name = registered_name(recorder.params)
+    recorder.writer.ask("settle_champion", settle_champion, recorder.session.client, name)
+    return recorder

@@ -47,6 +47,12 @@ class RunsCode:
         return os.system, ("touch ran-code-from-the-weights",)
 
 
+def model_folder(folder: str, weights: dict[str, Any]) -> dict[str, Any]:
+    """A model folder's files as `write_model_files` leaves them, its weights file `weights`."""
+    settings = {"model_config.json": json.dumps(TINY["model"]["architecture"]), "tokenizer.json": "{}"}
+    return {f"{folder}/{name}": content for name, content in {**weights, **settings}.items()}
+
+
 def changed(path: str, value: Any, base: dict[str, Any] = ITERATION_1) -> str:
     """Iteration 1's parameters with `a.b.c` set to value (or removed when value is ...), as YAML."""
     data = copy.deepcopy(base)
@@ -96,8 +102,9 @@ PARAM_FILE_CASES = [
     Case(
         "finetune-target-naming-no-layer",
         finetune("p.yaml"),
-        "p.yaml: finetune.lora.targets.0: value 'attn.q_proj' is not allowed: Input should be 'attn.c_attn', "
-        "'attn.c_proj', 'mlp.c_fc' or 'mlp.c_proj'",
+        "p.yaml: finetune.lora.targets: value ['attn.q_proj'] is not allowed: 'attn.q_proj' is no layer "
+        "LoRA adapts: expected some of qkv, attention_output, mlp_up, mlp_down, attn.c_attn, attn.c_proj, "
+        "mlp.c_fc, mlp.c_proj",
         {"p.yaml": changed("finetune.lora.targets", ["attn.q_proj"], FINETUNE)},
     ),
     Case(
@@ -360,15 +367,30 @@ FLAG_CASES = [
         "--model other: not a gptpipe model (no model.safetensors, model_config.json, tokenizer.json",
         files={"other/MLmodel": "flavors: {python_function: {loader_module: mlflow.sklearn}}\n"},
     ),
+    *(
+        Case(
+            f"{argv[0]}-weights-that-are-code",
+            [*argv, "--model", "pickled"],
+            "--model pickled: model.pt holds objects other than tensors; refused unread (not a plain "
+            "weights file: a pickle that would run code)",
+            files=model_folder(
+                "pickled", {"model.pt": lambda path: path.write_bytes(pickle.dumps(RunsCode()))}
+            ),
+        )
+        for argv in (
+            ["serve", "--port", "5973"],
+            ["generate", "--prompt", "x"],
+            ["export", "--output", "out"],
+            ["quantize"],
+            ["benchmark", "--tasks", "hellaswag"],
+        )
+    ),
     Case(
-        "serve-weights-that-are-code",
-        ["serve", "--model", "pickled", "--port", "5973"],
-        "--model pickled: model.pt holds objects other than tensors; refused unread",
-        files={
-            "pickled/model.pt": lambda path: path.write_bytes(pickle.dumps(RunsCode())),
-            "pickled/model_config.json": json.dumps(TINY["model"]["architecture"]),
-            "pickled/tokenizer.json": "{}",
-        },
+        "generate-damaged-weights",
+        ["generate", "--model", "damaged", "--prompt", "x"],
+        "--model damaged: model.safetensors cannot be loaded as this model's weights (SafetensorError: Error "
+        "while deserializing header",
+        files=model_folder("damaged", {"model.safetensors": b"not a safetensors file"}),
     ),
     Case(
         "serve-reachable-without-a-key",

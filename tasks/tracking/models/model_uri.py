@@ -1,10 +1,10 @@
 """A model named by a URI: an MLflow model in the project's tracking store, or a Hugging Face GPT-2.
 
 `models:/NAME@ALIAS`, `models:/NAME/VERSION` and `models:/MODEL_ID` are resolved here with a client on the
-store (never MLflow's process-wide tracking URI) to the artifact location they name; anything else (a local
-model folder, a `file://` URI) is loaded as it is. `hf:<local folder or hub id>` is a `GPT2LMHeadModel`
-read into gptpipe's model files (`gptcore.export.hf_import`): from the folder, or downloaded from the hub
-where it is reachable.
+store (never MLflow's process-wide tracking URI) to the artifact location they name, `@champion` settled
+first (`registry.settle_champion`); anything else (a local model folder, a `file://` URI) is loaded as it
+is. `hf:<local folder or hub id>` is a `GPT2LMHeadModel` read into gptpipe's model files
+(`gptcore.export.hf_import`): from the folder, or downloaded from the hub where it is reachable.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.errors import GptpipeError, first_line
+from tasks.tracking.models.registry import CHAMPION, settle_champion
 from tasks.tracking.models.test_split import CORPUS, TEST_SPLIT
 from tasks.tracking.store import connect, redact, resolve_target
 
@@ -32,10 +33,25 @@ def registered_version(client: Any, uri: str) -> Any:
         return None
     name = uri.removeprefix("models:/").strip("/")
     if "@" in name:
-        return client.get_model_version_by_alias(*name.split("@", 1))
+        model, alias = name.split("@", 1)
+        if alias == CHAMPION:
+            settle_for_reading(client, model)
+        return client.get_model_version_by_alias(model, alias)
     if "/" in name:
         return client.get_model_version(*name.split("/", 1))
     return None
+
+
+def settle_for_reading(client: Any, name: str) -> None:
+    """`@champion` settled before it is read (`registry.settle_champion`): a racer killed right after a
+    stale set is put right by whoever reads next. One who may only read leaves it to one who may write."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        settle_champion(client, name)
+    except MlflowException as error:
+        if error.error_code != "PERMISSION_DENIED":
+            raise
 
 
 def recorded_split(client: Any, uri: str) -> dict[str, str]:

@@ -21,6 +21,13 @@ champion (version 3): measured on another test split 1a2b... vs 3c4d...". Versio
 tag existed name no split: they compare with each other only (their split is unknown, not assumed the
 same), so a champion among them keeps `champion` until a person moves it. With no champion measured yet,
 the newcomer's split decides who competes.
+
+Who holds `champion` is decided by the registry alone (`settle_champion`), so anyone may settle it at any
+time: every registration (before and after its own decision), the start of a pipeline run and every
+reader of `@champion` (`model_uri`). A registration killed right after a stale set leaves the worse
+version `champion` only until the next of them. The alias is the truth: only its holder's `decision` tag
+says `champion`, and whoever settles rewrites a claim that no longer holds (a racer's, a champion since
+replaced) to what it would have said had it lost.
 """
 
 from __future__ import annotations
@@ -120,7 +127,7 @@ def register(
     version = version or _new_version(client, name, model, identity, test_bits_per_byte, lineage=lineage)
     for figure, value in (benchmarks or {}).items():  # also on a version found: scored since, perhaps
         client.set_model_version_tag(name, version.version, figure, str(value))
-    verdict = gate.verdict(_champion(client, name)) if gate is not None else None
+    verdict = gate.verdict(_settled_champion(client, name)) if gate is not None else None
     if verdict is not None:
         client.set_model_version_tag(name, version.version, "benchmark_gate", verdict)
     may_win = verdict is None or verdict.startswith(PASSED)
@@ -187,6 +194,7 @@ def register_imported(
             client, name, client.get_logged_model(model_id), identity, None, lineage=lineage
         )
     client.set_registered_model_alias(name, IMPORTED, version.version)
+    settle_champion(client, name)  # a registration touches the registry: it settles the champion too
     return Registration(
         name, str(version.version), version.tags.get("model_id", ""), IMPORTED, math.nan, None
     )
@@ -225,7 +233,8 @@ def _new_version(
         tags={
             **identity,
             "model_id": model.model_id,
-            **({figure: str(bits)} if bits is not None else {}),
+            # It competes once its registration decided (`_decide`): one killed before that never does.
+            **({figure: str(bits), MAY_HOLD: "false"} if bits is not None else {}),
             **(lineage or {}),
         },
     )
@@ -249,20 +258,22 @@ def _decide(
     (and the tag `not_compared`) says why this one was not compared with it (None: it was). Safe when
     other processes register at the same moment (two sweep trials, two pipelines, on one store or many
     machines): see `settle_champion`."""
-    before = _champion(client, name)
+    before = _settled_champion(client, name)  # a stale champion (a racer killed) is no measure
     own = (split or {}).get(TEST_SPLIT, version.tags.get(TEST_SPLIT))
     best = _figure(before) if before is not None and _split(before) == own else None
     for key, value in {**(split or {}), figure: str(bits), MAY_HOLD: str(may_win).lower()}.items():
         client.set_model_version_tag(name, version.version, key, value)  # what it competes with, and where
-    champion = settle_champion(client, name, own)
+    champion = settle_champion(client, name, str(version.version))
     wins = champion is not None and str(champion) == str(version.version)
     alias = CHAMPION if wins else otherwise
     if not wins:
         client.set_registered_model_alias(name, alias, version.version)
     refused = None if wins else _not_compared(_champion(client, name), own)
     shown = str(best) if best is not None else ("not compared" if refused else "none")
-    decision = {"decision": alias, "champion_test_bits_per_byte": shown}
-    for key, value in {**decision, **({NOT_COMPARED: refused} if refused else {})}.items():
+    told = {"champion_test_bits_per_byte": shown, **({NOT_COMPARED: refused} if refused else {})}
+    if not wins:  # a winner's `decision` is the settling's to write (`_record_holder`)
+        told[DECISION] = alias
+    for key, value in told.items():
         client.set_model_version_tag(name, version.version, key, value)
     if refused is None and NOT_COMPARED in version.tags:  # compared this time: an earlier refusal is stale
         client.delete_model_version_tag(name, version.version, NOT_COMPARED)
@@ -283,45 +294,101 @@ def _not_compared(champion: Any, own: str | None) -> str | None:
 
 
 MAY_HOLD = "may_hold_champion"  # a version's tag: whether it competes for `champion` (quantized: if asked)
+DECISION = "decision"  # a version's tag: `champion` on the alias's holder alone, else the alias it got
 SETTLE_ROUNDS = 20
 
 
-def settle_champion(client: Any, name: str, split: str | None = None) -> str | None:
+def settle_champion(client: Any, name: str, newcomer: str | None = None) -> str | None:
     """Point `champion` at the version with the lowest test bits per byte among those that may hold it
-    and were measured on the champion's test split (`split`, the newcomer's, when no measured version
-    holds it), then read back and repeat until what is read is what it set: a registration that read the
-    versions before another's better version existed (a race) sets a stale alias, and whoever reads after
-    it puts it right, so the last one to finish leaves the best. No lock needed; the store is the truth.
-    The version it settled on (None: none competes)."""
-    current = _champion(client, name)
-    best = None
+    and were measured on the champion's test split (with no measured champion: the `newcomer`'s, the
+    version a registration is deciding, else the newest measured one's), then read back and repeat until
+    what is read is what it set. A registration that read the versions before another's better version
+    existed (a race) sets a stale alias, and whoever reads after it puts it right, so the last one to
+    finish leaves the best; one killed right after a stale set leaves it to the next caller. Idempotent
+    and decided by the store alone: anyone may call it at any time, no lock needed. The holder's
+    `decision` tag says `champion`, no other version's does. The version it settled on (None: none)."""
+    return _version_number(_settle(client, name, newcomer))
+
+
+def _settled_champion(client: Any, name: str) -> Any:
+    """The champion once settled (a model version; None: none)."""
+    return _settle(client, name, None)
+
+
+def _settle(client: Any, name: str, newcomer: str | None) -> Any:
     for _ in range(SETTLE_ROUNDS):
-        league = _league(current, split)
-        best = _best_version(client, name, league)
+        versions = client.search_model_versions(f"name = '{name}'")
         current = _champion(client, name)
-        if _league(current, split) != league:
-            continue  # a champion on another split appeared meanwhile (a race with none before): again
-        if best is None:
-            return str(current.version) if current is not None else None
-        if current is not None and (
-            str(current.version) == str(best.version) or _figure(current) == _figure(best)
-        ):
-            return str(current.version)
-        client.set_registered_model_alias(name, CHAMPION, best.version)
-    return str(best.version) if best is not None else None
+        best = _best_version(versions, current, _league(current, versions, newcomer))
+        if best is not None and not _holds(current, best):
+            client.set_registered_model_alias(name, CHAMPION, best.version)
+            continue  # read back: another registration may have set its own meanwhile
+        if not _record_holder(client, name, versions, current):
+            continue
+        if _version_number(_champion(client, name)) == _version_number(current):
+            return current  # else the alias moved while the tags were written: settle again
+    return _champion(client, name)  # contended all along: as it stands
 
 
-def _league(champion: Any, split: str | None) -> str | None:
-    """The test split whose versions compete: a measured champion's, else the newcomer's `split`."""
-    return _split(champion) if champion is not None and _figure(champion) is not None else split
+def _holds(current: Any, best: Any) -> bool:
+    """Whether the champion `current` may stay: it is the best, or as good (the alias moves for better)."""
+    return current is not None and (
+        str(current.version) == str(best.version) or _figure(current) == _figure(best)
+    )
 
 
-def _best_version(client: Any, name: str, split: str | None) -> Any:
-    """The competing version on test split `split` (None: those naming none) with the lowest test bits
-    per byte (the oldest among equals)."""
+def _record_holder(client: Any, name: str, versions: list[Any], holder: Any) -> bool:
+    """`decision=champion` on `holder` alone: any other version that says it (a racer's claim, a champion
+    since replaced) says what it would have had it lost: `challenger`, a quantized one its method. False
+    when another settler wrote one of these tags at the same moment (the store refuses the second of two
+    first writes of a tag: BAD_REQUEST): read again."""
+    from mlflow.exceptions import MlflowException
+
+    number = _version_number(holder)
+    told = {
+        str(version.version): _lost(version)
+        for version in versions
+        if version.tags.get(DECISION) == CHAMPION and str(version.version) != number
+    }
+    if holder is not None and holder.tags.get(DECISION) != CHAMPION:
+        told[str(number)] = CHAMPION
+    try:
+        for version, decision in told.items():
+            client.set_model_version_tag(name, version, DECISION, decision)
+    except MlflowException as error:
+        if error.error_code != "BAD_REQUEST":
+            raise
+        return False
+    return True
+
+
+def _lost(version: Any) -> str:
+    return version.tags.get("quantization", CHALLENGER)
+
+
+def _version_number(version: Any) -> str | None:
+    return str(version.version) if version is not None else None
+
+
+def _league(champion: Any, versions: list[Any], newcomer: str | None) -> str | None:
+    """The test split whose versions compete: a measured champion's, else the `newcomer`'s, else the
+    newest measured competitor's (a caller deciding no version: a reader, a run's start)."""
+    if champion is not None and _figure(champion) is not None:
+        return _split(champion)
+    named = [version for version in versions if str(version.version) == newcomer]
+    measured = [version for version in versions if _figure(version) is not None and _competes(version)]
+    newest = named or sorted(measured, key=lambda version: int(version.version))[-1:]
+    return _split(newest[0]) if newest else None
+
+
+def _best_version(versions: list[Any], champion: Any, split: str | None) -> Any:
+    """Among `versions` and the `champion` (read after them: perhaps newer), the competing one on test
+    split `split` (None: those naming none) with the lowest test bits per byte (the oldest among equals)."""
+    known = {str(version.version) for version in versions}
+    newer = [champion] if champion is not None and str(champion.version) not in known else []
     competing = [
         version
-        for version in client.search_model_versions(f"name = '{name}'")
+        for version in [*versions, *newer]
         if _figure(version) is not None and _competes(version) and _split(version) == split
     ]
     return min(competing, key=lambda v: (_figure(v), int(v.version)), default=None)
