@@ -11,28 +11,32 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Holds the slot until the file named by its second argument exists.
+# Holds the slot until a line (or the end) arrives on its standard input: the test says when.
 HOLD_UNTIL = """
-import json, pathlib, sys, time
+import json, sys, time
 from tasks.device_slot import device_slot
 say = lambda **line: print(json.dumps(line), flush=True)
-release = pathlib.Path(sys.argv[2])
 with device_slot(sys.argv[1], announce=lambda line: say(said=line)):
     say(holding=time.time())
-    while not release.exists():
-        time.sleep(0.05)
+    sys.stdin.readline()
     say(released=time.time())
 """
 CEILING = 120  # against a hang only: a slot is taken in about a second
 
 
 class Holder:
-    """A process holding `device`'s slot until `release` exists, its JSON lines read as they come."""
+    """A process holding `device`'s slot until `release()`, its JSON lines read as they come."""
 
-    def __init__(self, device: str, release: Path, env: dict[str, str], prefix: list[str] = ()) -> None:
-        command = [*prefix, sys.executable, "-c", HOLD_UNTIL, device, str(release)]
-        self.process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    def __init__(self, device: str, env: dict[str, str], prefix: list[str] = ()) -> None:
+        command = [*prefix, sys.executable, "-c", HOLD_UNTIL, device]
+        self.process = subprocess.Popen(
+            command, env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         self.lines: list[dict] = []
+
+    def release(self) -> None:
+        """Let the slot go once held (at once, if it already holds it)."""
+        self.process.stdin.close()
 
     def next_line(self) -> dict:
         line = self.process.stdout.readline()  # the test's timeout ends a hang
@@ -50,14 +54,13 @@ class Holder:
 
 
 @contextmanager
-def holding_the_device(device: str, folder: Path, env: dict[str, str]) -> Iterator[Path]:
-    """The slot of `device` held by a process of the test's until the file yielded exists (or the block
-    ends): who else asks for it waits, and says so, for as long as the test wants."""
-    release = folder / f"release-{device}"
-    holder = Holder(device, release, env)
+def holding_the_device(device: str, env: dict[str, str]) -> Iterator[None]:
+    """The slot of `device` held by a process of the test's until the block ends: who else asks for it
+    waits, and says so, for as long as the test wants."""
+    holder = Holder(device, env)
     try:
         holder.until("holding")
-        yield release
+        yield
     finally:
-        release.touch()
+        holder.release()
         assert holder.process.wait(timeout=CEILING) == 0

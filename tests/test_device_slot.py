@@ -14,29 +14,26 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(2 * CEILING)
-def test_two_machines_on_one_server_hold_their_own_slots_at_once(
-    prefect_env: dict[str, str], tmp_path: Path
-) -> None:
-    release = tmp_path / "release"
-    holders = [
-        Holder("cpu", release, {**prefect_env, "GPTPIPE_MACHINE": name}) for name in ("box-a", "box-b")
-    ]
+def test_two_machines_on_one_server_hold_their_own_slots_at_once(prefect_env: dict[str, str]) -> None:
+    holders = [Holder("cpu", {**prefect_env, "GPTPIPE_MACHINE": name}) for name in ("box-a", "box-b")]
     for holder in holders:
         holder.until("holding")  # both hold their machine's CPU before either lets go
-    release.touch()
+    for holder in holders:
+        holder.release()
     for holder in holders:
         holder.until("released")
         assert holder.process.wait() == 0 and holder.said() == []
 
 
-def take_turns(device: str, release: Path, environments: list[dict[str, str]]) -> list[str]:
+def take_turns(device: str, environments: list[dict[str, str]]) -> list[str]:
     """The second holder asks for `device`'s slot only once the first holds it, so the order is the
     test's, not the scheduler's; what the second said while it waited."""
-    first = Holder(device, release, environments[0])
+    first = Holder(device, environments[0])
     first.until("holding")
-    second = Holder(device, release, environments[1])
+    second = Holder(device, environments[1])
     assert "said" in second.next_line(), "the second waits while the first holds the slot"
-    release.touch()
+    first.release()
+    second.release()  # it lets go once it holds the slot
     released = first.until("released")["released"]
     assert second.until("holding")["holding"] >= released - 0.05  # only once the first let it go
     assert first.process.wait() == 0 and second.process.wait() == 0
@@ -44,21 +41,22 @@ def take_turns(device: str, release: Path, environments: list[dict[str, str]]) -
 
 
 @pytest.mark.timeout(2 * CEILING)
-def test_two_trainings_on_one_device_take_turns(prefect_env: dict[str, str], tmp_path: Path) -> None:
-    said = take_turns("slot-test", tmp_path / "release", [prefect_env, prefect_env])
+def test_two_trainings_on_one_device_take_turns(prefect_env: dict[str, str]) -> None:
+    said = take_turns("slot-test", [prefect_env, prefect_env])
     waited = device_limit_names("slot-test")[0]
     assert said == [f"waiting for {waited}: another training or evaluation holds the device"]
 
 
 @pytest.mark.timeout(2 * CEILING)
 def test_two_processes_of_one_machine_take_turns_whatever_their_temporary_folders(
-    prefect_env: dict[str, str], tmp_path: Path
+    prefect_env: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     environments = []
     for folder in (tmp_path / "a", tmp_path / "b"):
         folder.mkdir()
         environments.append({**prefect_env, "GPTPIPE_MACHINE": "box-c", "TMPDIR": str(folder)})
-    said = take_turns("cpu", tmp_path / "release", environments)
+    said = take_turns("cpu", environments)
     assert said == ["waiting for gptpipe-device-box-c-cpu: another training or evaluation holds the device"]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from process_support import migrated_prefect_home
-from test_device_slot import Holder
+from slot_support import Holder
 
 from tasks.device_slot import LEASE_SECONDS
 
@@ -59,7 +59,7 @@ class Machine:
     api_url: str
     root: Path
 
-    def holder(self, release: Path, tmp: str) -> Holder:
+    def holder(self, tmp: str) -> Holder:
         """A device-slot holder running on this machine (its own TMPDIR `tmp`)."""
         folder = self.root / tmp
         folder.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ class Machine:
         )  # fmt: skip
         prefix = ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "sh", "-c"]
         prefix += ['hostname "$0" && exec "$@"', self.hostname]  # the machine's name is its host name
-        return Holder("cpu", release, env, prefix=prefix)
+        return Holder("cpu", env, prefix=prefix)
 
 
 @pytest.fixture(scope="module")
@@ -134,23 +134,23 @@ def wait_for_health(machine: Machine) -> None:
 
 @pytest.mark.timeout(300)
 def test_two_machines_hold_their_slots_at_once_and_one_machines_processes_take_turns(
-    machines: dict[str, Machine], tmp_path: Path
+    machines: dict[str, Machine],
 ) -> None:
-    release = tmp_path / "release"
     a, b = machines["a"], machines["b"]
-    first = a.holder(release, "first")
+    first = a.holder("first")
     first.until("holding")
-    other_machine = b.holder(release, "first")
+    other_machine = b.holder("first")
     other_machine.until("holding")  # box-b's CPU is its own: held while box-a's is held
-    same_machine = a.holder(release, "second")  # box-a again, another temporary folder
+    same_machine = a.holder("second")  # box-a again, another temporary folder
     waits = f"waiting for gptpipe-device-{a.hostname}-cpu: another training or evaluation holds the device"
     assert same_machine.next_line() == {"said": waits}
-    release.touch()
+    holders = {"box-a 1": first, "box-b": other_machine, "box-a 2": same_machine}
+    for holder in holders.values():
+        holder.release()  # box-a's second lets go as soon as it holds
     released = first.until("released")["released"]
     assert same_machine.until("holding")["holding"] >= released - 0.05  # only once box-a's first let go
     other_machine.until("released")
     same_machine.until("released")
-    holders = {"box-a 1": first, "box-b": other_machine, "box-a 2": same_machine}
     assert all(holder.process.wait(timeout=60) == 0 for holder in holders.values())
     assert first.said() == [] and other_machine.said() == []
     start = min(line["holding"] for holder in holders.values() for line in holder.lines if "holding" in line)
@@ -162,19 +162,18 @@ def test_two_machines_hold_their_slots_at_once_and_one_machines_processes_take_t
 @pytest.mark.waits  # a minute for Prefect's lease to run out
 @pytest.mark.timeout(LEASE_SECONDS * 5)
 def test_a_holder_killed_with_kill_9_gives_its_slot_back_when_the_lease_runs_out(
-    machines: dict[str, Machine], tmp_path: Path
+    machines: dict[str, Machine],
 ) -> None:
-    release = tmp_path / "release"  # never made: the first holder holds until it is killed
     a = machines["a"]
-    first = a.holder(release, "killed")
+    first = a.holder("killed")  # never released: it holds until it is killed
     first.until("holding")
-    waiting = a.holder(release, "waiting")
+    waiting = a.holder("waiting")
     assert "said" in waiting.next_line()
     first.process.send_signal(signal.SIGKILL)  # no handler runs: its Prefect slot stays taken
     killed = time.time()
     assert first.process.wait(timeout=30) == -signal.SIGKILL
     held = waiting.until("holding")["holding"]  # once the server's reaper sees the lease expired
     print(f"slot back {held - killed:.1f} s after kill -9 (lease {LEASE_SECONDS} s)")
-    release.touch()
+    waiting.release()
     waiting.until("released")
     assert waiting.process.wait(timeout=60) == 0

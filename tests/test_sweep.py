@@ -155,7 +155,7 @@ def test_a_sweep_builds_the_data_once_and_trains_one_trial_at_a_time_on_one_devi
     from mlflow import MlflowClient
 
     def two_trials_meet_at_the_device(errors: Lines) -> None:
-        with holding_the_device("cpu", tmp_path, prefect_env):  # until both running trials wait for it
+        with holding_the_device("cpu", prefect_env):  # until both running trials wait for it
             errors.wait_for(lambda lines: len(waiting_trials(lines)) == 2)
 
     done, summary = sweep(

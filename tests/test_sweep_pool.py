@@ -30,7 +30,7 @@ def test_two_process_workers_take_the_trials_of_a_sweep(tmp_path: Path, prefect_
     waited = f"waiting for {device_limit_names('cpu')[0]}"
 
     def both_workers_hold_a_waiting_trial(_: Lines) -> None:
-        with holding_the_device("cpu", tmp_path, prefect_env):
+        with holding_the_device("cpu", prefect_env):
             for worker in workers:
                 worker.wait_for(lambda lines: any(waited in line for line in lines))
 
