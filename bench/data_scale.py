@@ -96,7 +96,7 @@ def stage_main(args: argparse.Namespace) -> None:
             "tokens": sum(split.tokens for split in built.files.values()),
             "train_shards": len(built.train.shards),
             "resumed_at_unit": built.resumed_at_unit,
-            "hashes": {split: [s["sha256"] for s in tokens.shards] for split, tokens in built.files.items()},
+            "hashes": {split: [s.sha256 for s in tokens.shards] for split, tokens in built.files.items()},
         }
     result.update(seconds=round(time.perf_counter() - started, 1), open_seconds=round(opened, 1))
     print(json.dumps(result), flush=True)

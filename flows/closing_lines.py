@@ -10,33 +10,37 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flows.run_report import RunReport, StageLine
+    from tasks.results import Figure
 
 
-def closing_lines(report: dict[str, Any], links: dict[str, str], params_path: str | None) -> list[str]:
-    """The run's end in words, from `PipelineReport.to_dict()` and the tracking links."""
-    stages = report.get("stages", [])
+def closing_lines(report: RunReport, links: dict[str, str], params_path: str | None) -> list[str]:
+    """The run's end in words, from the run's report and the tracking links."""
+    stages = report.stages
     gptpipe = invoked_as()
     lines = [_stage_line(stages)]
-    failed = next((stage for stage in stages if stage["state"] == "failed"), None)
+    failed = next((stage for stage in stages if stage.state == "failed"), None)
     if failed is not None:
-        lines.append(f"Stopped: stage {failed['name']} failed: {failed.get('message', '')}")
+        lines.append(f"Stopped: stage {failed.name} failed: {failed.message or ''}")
         lines.append("Run the same command again to resume: finished stages come from the cache.")
-    evaluate = _stage(stages, "evaluate")
+    evaluate = _done(report, "evaluate")
     if evaluate is not None:
         lines += _model_lines(evaluate)
-    full = _stage(stages, "full")
-    best = next((path for path in full["outputs"] if path.endswith("best.pt")), None) if full else None
+    full = _done(report, "full")
+    best = next((path for path in full.outputs if path.endswith("best.pt")), None) if full else None
     if best is not None:
         lines.append(f"Weights:   {_shown(best)}")
-    quantize = _stage(stages, "quantize")
+    quantize = _done(report, "quantize")
     if quantize is not None:
-        table = next((path for path in quantize["outputs"] if path.endswith(".md")), None)
+        table = next((path for path in quantize.outputs if path.endswith(".md")), None)
         lines.append(f"Quantized: each method's size, quality and speed in {_shown(table)}")
     run = links.get("MLflow run")
     opened = f"   then open {run}" if run else ""
     lines.append(f"See it:    {gptpipe} ui{_which_params(params_path)}{opened}")
-    figures = evaluate["figures"] if evaluate is not None else {}
+    figures = evaluate.figures if evaluate is not None else {}
     if figures.get("registered_model"):
         uri = _model_uri(figures)
         lines.append(f'Try it:    {gptpipe} generate --model {uri} --prompt "def main("')
@@ -44,17 +48,17 @@ def closing_lines(report: dict[str, Any], links: dict[str, str], params_path: st
     return lines
 
 
-def _stage_line(stages: list[dict[str, Any]]) -> str:
+def _stage_line(stages: list[StageLine]) -> str:
     counts: dict[str, int] = {}
     for stage in stages:
-        counts[stage["state"]] = counts.get(stage["state"], 0) + 1
-    seconds = sum(stage.get("seconds") or 0.0 for stage in stages)
+        counts[stage.state] = counts.get(stage.state, 0) + 1
+    seconds = sum(stage.seconds for stage in stages)
     told = ", ".join(f"{count} {state}" for state, count in counts.items())
     return f"gptpipe: {len(stages)} stages ({told}), {_duration(seconds)} in the stages."
 
 
-def _model_lines(evaluate: dict[str, Any]) -> list[str]:
-    figures, outputs = evaluate["figures"], evaluate["outputs"]
+def _model_lines(evaluate: StageLine) -> list[str]:
+    figures, outputs = evaluate.figures, evaluate.outputs
     lines = []
     if figures.get("registered_model"):
         alias, version = figures.get("alias"), figures.get("model_version")
@@ -75,16 +79,16 @@ def _model_lines(evaluate: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _model_uri(figures: dict[str, Any]) -> str:
+def _model_uri(figures: dict[str, Figure]) -> str:
     """The version by its alias when it holds one that follows it (champion), else by number."""
     name, alias = figures["registered_model"], figures.get("alias")
     version = figures.get("model_version")
     return f"models:/{name}@{alias}" if alias == "champion" else f"models:/{name}/{version}"
 
 
-def _stage(stages: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    found = next((stage for stage in stages if stage["name"] == name), None)
-    return found if found is not None and found["state"] in ("completed", "cached") else None
+def _done(report: RunReport, name: str) -> StageLine | None:
+    found = report.stage(name)
+    return found if found is not None and found.done else None
 
 
 def invoked_as() -> str:

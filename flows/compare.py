@@ -9,48 +9,50 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 
 from gptcore.errors import ConfigError, first_line
 from gptcore.eval.comparison import Limits, compare_records, inference_side, print_comparison
-from gptcore.train.records import table_columns
+from gptcore.tools.records import JSONObject
 from tasks.comparison import inference_rows, plan_comparison, train_side
+from tasks.params.schema import PipelineParams
+from tasks.tracking import ParentRun, TrackingSession
+from tasks.tracking.run_search import recorded_run
 
 
 def compare_runs(
-    session: Any,
+    session: TrackingSession,
     run_ids: list[str],
     axis: str,
-    parent_run_id: str | None = None,
-    inference: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Read two runs back from MLflow, refuse them when their controls differ, log and return the table
-    (with a precision comparison's `inference` rows below it)."""
+    parent: ParentRun | None = None,
+    inference: JSONObject | None = None,
+) -> JSONObject:
+    """Read two runs back from MLflow, refuse them when their controls differ, return the table (with a
+    precision comparison's `inference` rows below it), logged on the `parent` run when given."""
     runs = []
     for run_id in run_ids:
-        try:
-            run = session.client.get_run(run_id)
-        except Exception:
-            raise ConfigError(f"--runs {run_id}: no such run in {session.target.uri}") from None
-        runs.append({"run_id": run_id, "params": dict(run.data.params), "metrics": dict(run.data.metrics)})
+        run = recorded_run(session, run_id)
+        if run is None:
+            raise ConfigError(f"--runs {run_id}: no such run in {session.target.uri}")
+        runs.append(asdict(run))
     result = compare_records(runs, axis)
     if inference is not None:
         result["inference"] = inference
-    if parent_run_id:
+    if parent is not None:
         markdown = f"# Comparison on {axis}\n\n{result['table']}\n"
         if inference is not None:
             markdown += f"\n## The fp32 side's model in each precision\n\n{inference['table']}\n"
-            session.client.log_table(parent_run_id, table_columns(inference["rows"]), "inference.json")
-        session.client.log_text(parent_run_id, markdown, "comparison.md")
-        session.client.log_dict(parent_run_id, result, "comparison.json")
+            parent.log_table(inference["rows"], "inference.json")
+        parent.log_text(markdown, "comparison.md")
+        parent.log_dict(result, "comparison.json")
     return result
 
 
 def run_comparison(
-    params: Any,
+    params: PipelineParams,
     axis: str = "auto",
     values: list[str] | None = None,
     limits: Limits = Limits(),
@@ -59,31 +61,27 @@ def run_comparison(
     train_tokens: Path | None = None,
     validation_tokens: Path | None = None,
     tokenizer: Path | None = None,
-    session: Any = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Train both sides with identical controls, record them in MLflow, compare them from the record."""
     import torch
 
-    from tasks.tracking import TrackingSession
-
-    session = session or TrackingSession.open(params.tracking)  # unreachable store: stop before training
+    session = TrackingSession.open(params.tracking)  # unreachable store: stop before training
     plan = plan_comparison(
         params, axis, values, limits, torch.cuda.is_available(), batch_size, precision,
         train_tokens, validation_tokens, tokenizer,
     )  # fmt: skip
-    parent = session.client.create_run(
-        session.experiment_id,
-        run_name=f"compare-{plan.axis}-{'-vs-'.join(plan.values)}",
-        tags={"kind": "comparison", "compare.axis": plan.axis, "compare.values": ",".join(plan.values)},
-    ).info.run_id
+    parent = ParentRun.start(
+        session,
+        f"compare-{plan.axis}-{'-vs-'.join(plan.values)}",
+        {"kind": "comparison", "compare.axis": plan.axis, "compare.values": ",".join(plan.values)},
+    )
     scratch = Path(tempfile.mkdtemp(prefix="gptpipe-compare-"))
     try:
         run_ids = []
         kept = inference_side(plan)  # a precision comparison keeps its fp32 model for the inference rows
         for side in plan.sides():
-            callback = session.training_callback(
+            callback = parent.child_callback(
                 side.name,
-                parent_run_id=parent,
                 tags={"kind": "comparison", "compare.axis": plan.axis},
                 params={**params.model.as_params(), **plan.data_params},
             )
@@ -94,16 +92,15 @@ def run_comparison(
             if kept is not None
             else None
         )
-        result = compare_runs(session, run_ids, plan.axis, parent_run_id=parent, inference=inference)
+        result = compare_runs(session, run_ids, plan.axis, parent=parent, inference=inference)
     except BaseException as error:
-        session.client.set_tag(parent, "failure_reason", first_line(error))
-        session.client.set_terminated(parent, "FAILED")
+        parent.fail(first_line(error))
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    session.client.set_terminated(parent, "FINISHED")
-    result["parent_run_id"] = parent
-    result["url"] = session.run_url(parent)
+    parent.finish()
+    result["parent_run_id"] = parent.run_id
+    result["url"] = parent.url
     return result
 
 
@@ -121,7 +118,7 @@ def compare(
     train_tokens: str | None = None,
     validation_tokens: str | None = None,
     tokenizer: str | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Two bounded training runs differing in one axis, recorded in MLflow and compared."""
     from tasks.params.loading import load_params
 

@@ -110,7 +110,7 @@ def _publish(failure: Failure, flow_run: Any) -> None:
     from prefect.client.schemas.actions import ArtifactCreate
 
     from tasks.params.loading import load_params
-    from tasks.tracking import TrackingSession
+    from tasks.tracking.run_search import tag_flow_run
 
     # The hook runs after the flow run's context is gone: the artifact names its flow run itself (through
     # `create_markdown_artifact` it would be created outside any run, which Prefect warns is deprecated).
@@ -125,10 +125,4 @@ def _publish(failure: Failure, flow_run: Any) -> None:
         client.create_artifact(artifact)
     parameters = flow_run.parameters
     params = load_params(parameters.get("params_path"), list(parameters.get("overrides") or []))
-    session = TrackingSession.open(params.tracking)
-    runs = session.client.search_runs(
-        [session.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run.id}'", max_results=1
-    )
-    for run in runs:
-        for key, value in failure.tags().items():
-            session.client.set_tag(run.info.run_id, key, value)
+    tag_flow_run(params.tracking, str(flow_run.id), failure.tags())

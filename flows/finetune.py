@@ -12,9 +12,8 @@ each cost (trainable parameters, optimizer state, peak memory, tokens/s) and gai
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -22,15 +21,26 @@ from prefect.runtime import flow_run
 from flows.environment.prefect_settings import hide_user_error_tracebacks
 from flows.failure_hooks import record_failure
 from flows.report import PipelineReport
+from flows.run_report import RunReport
 from flows.trials import TableRun
 from gptcore.errors import first_line
 from gptcore.tools.markdown import cell, table
-from tasks import pipeline as stages
+from gptcore.tools.records import JSONObject
 from tasks.params.loading import choice, load_params
 from tasks.params.schema import FINETUNE_STAGES, PipelineParams
+from tasks.results import Figure
+from tasks.stages.base import Base
+from tasks.stages.before_after import BeforeAfter
+from tasks.stages.device import Device
+from tasks.stages.evaluate import Evaluate
 from tasks.stages.finetune import finetune_section
-from tasks.tracking import PipelineRecorder
-from tasks.tracking.models.registry import registered_name, settle_champion
+from tasks.stages.full import Full
+from tasks.stages.merge import Merge
+from tasks.stages.smoke import Smoke
+from tasks.stages.start_model import BaseResult
+from tasks.stages.tokens import Tokens
+from tasks.tracking import ParentRun, PipelineRecorder, TrackingSession
+from tasks.tracking.models.registry import champion_of, registered_name
 
 COMPARISON_FILE = "finetune_comparison.json"
 
@@ -48,7 +58,7 @@ def finetune_method(
     overrides: list[str] | None = None,
     until: str = FINETUNE_STAGES[-1],
     trial: dict | None = None,
-) -> dict:
+) -> JSONObject:
     """One method's fine-tune of the parameter file's base model on its corpus, redoing only what
     changed; under `finetune` its MLflow run is a child of the comparison's (`trial`)."""
     hide_user_error_tracebacks()
@@ -59,25 +69,26 @@ def finetune_method(
     tracking = PipelineRecorder.start(params, Path(params_path), str(flow_run.get_id() or ""), trial=trial)
     report.links.update(tracking.links())
     try:
-        base = report.stage("base", lambda: stages.base(params, tracking))
-        tuned = stages.with_base(params, base)  # training starts from the base's weights
-        lineage = lineage_tags(tuned, base)
+        base = report.run(Base(params=params), tracking).result
+        start, lineage = base.start(), lineage_tags(params, base)  # training starts from the base's weights
         tracking.log_params(lineage)  # the run compares by them too: method, rank, base version
-        tokens = report.stage(
-            "tokens", lambda: stages.tokens(tuned, base.result.tokenizer_result(), tracking)
-        )
-        device = report.stage("device", lambda: stages.device(tuned, tracking))
-        smoke = report.stage("smoke", lambda: stages.smoke(tuned, tokens, device, tracking))
-        trained = report.stage(
-            "finetune", lambda: stages.full(tuned, tokens, device, smoke, tracking, name="finetune")
-        )
-        merged = report.stage("merge", lambda: stages.merge(tuned, trained, tracking))
-        evaluate = report.stage(
-            "evaluate", lambda: stages.evaluate(tuned, tokens, device, merged, tracking, lineage)
-        )
-        report.stage(
-            "before-after",
-            lambda: stages.before_after(tuned, tokens, device, merged, evaluate, base, tracking),
+        tokenizer = base.tokenizer_result()
+        tokens = report.run(Tokens(params=params, tokenizer=tokenizer), tracking).result
+        device = report.run(Device(params=params, start=start), tracking).result
+        smoke = report.run(Smoke(params=params, start=start, tokens=tokens, device=device), tracking).result
+        tuned = report.run(
+            Full(params=params, name="finetune", start=start, tokens=tokens, device=device, smoke=smoke),
+            tracking,
+        ).result
+        merged = report.run(Merge(params=params, trained=tuned), tracking).result
+        evaluated = report.run(
+            Evaluate(params=params, tokens=tokens, device=device, trained=merged, lineage=lineage), tracking
+        ).result
+        report.run(
+            BeforeAfter(
+                params=params, tokens=tokens, device=device, trained=merged, evaluated=evaluated, base=base
+            ),
+            tracking,
         )
     finally:
         report.close(tracking, key=f"gptpipe-finetune-{params.finetune.name}-{params.finetune.method}")
@@ -85,7 +96,7 @@ def finetune_method(
 
 
 @flow(name="finetune", log_prints=False, validate_parameters=True, persist_result=False)
-def finetune(params_path: str, overrides: list[str] | None = None) -> dict:
+def finetune(params_path: str, overrides: list[str] | None = None) -> JSONObject:
     """Each method the parameter file asks for (`finetune.method`, and the others with `compare`) on the
     same data and steps, as child runs of one comparison run; their table printed and recorded."""
     hide_user_error_tracebacks()
@@ -100,19 +111,23 @@ def finetune(params_path: str, overrides: list[str] | None = None) -> dict:
         for result in results:
             trial = {"parent_run_id": parent, "name": result.method, "kind": "finetune-method"}
             try:
-                result.report = finetune_method(
-                    params_path, [*overrides, f"finetune.method={result.method}"], trial=trial
+                result.report = RunReport.model_validate(
+                    finetune_method(
+                        params_path, [*overrides, f"finetune.method={result.method}"], trial=trial
+                    )
                 )
             except Exception as error:  # the other method still runs: the table says which failed
                 result.message = first_line(error, 300)
     finally:
         done = all(result.completed for result in results)
         champion = _champion_version(session, registered_name(params))
-        rows = [{**result.row(), "champion": result.row()["model_version"] == champion} for result in results]
+        rows = [result.row().holding(champion) for result in results]
         title = f"Fine-tune {params.finetune.name}: {' against '.join(methods)}"
         where = TableRun(session, parent, title, COMPARISON_FILE, f"gptpipe-finetune-{params.finetune.name}")
-        where.publish(rows, comparison_table(rows), done, f"{' against '.join(methods)}, same data and steps")
-    summary: dict[str, Any] = {"comparison_run_id": parent, "methods": {r.method: r.row() for r in results}}
+        described = f"{' against '.join(methods)}, same data and steps"
+        where.publish([row.to_dict() for row in rows], comparison_table(rows), done, described)
+    methods_rows: JSONObject = {result.method: result.row().to_dict() for result in results}
+    summary: JSONObject = {"comparison_run_id": parent, "methods": methods_rows}
     if not done:
         summary["failed"] = [result.method for result in results if not result.completed]
     return summary
@@ -125,11 +140,11 @@ def finetune_params(params_path: str, overrides: list[str]) -> PipelineParams:
     return params
 
 
-def lineage_tags(params: PipelineParams, base: Any) -> dict[str, str]:
+def lineage_tags(params: PipelineParams, base: BaseResult) -> dict[str, str]:
     """What a fine-tuned version's tags say of where it came from: the base (URI, registered name and
     version, its weights' sha256) and how it was adapted."""
-    tune = params.finetune
-    tags = dict(stages.lineage_of(base) or {})
+    tune = finetune_section(params)
+    tags = base.lineage_tags()
     tags["finetune.name"], tags["finetune.method"] = tune.name, tune.method
     adapters = tune.adapters()  # LoRA's and QLoRA's settings (QLoRA's with lora.quantized_base)
     if adapters is not None:
@@ -154,63 +169,87 @@ COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class MethodRow:
+    """A method's line of the comparison: its figures under the names MLflow gives them (`COLUMNS`), its
+    state, and whether it holds `@champion` (None: not asked, as in the flow's summary)."""
+
+    method: str
+    trainable_parameter_count: Figure
+    trainable_parameter_share: Figure
+    optimizer_state_bytes: Figure
+    training_peak_memory_bytes: Figure
+    tokens_per_second: Figure
+    new_test_bits_per_byte_before: Figure
+    new_test_bits_per_byte_after: Figure
+    base_test_bits_per_byte_before: Figure
+    base_test_bits_per_byte_after: Figure
+    model_version: Figure
+    state: str
+    champion: bool | None = None
+
+    def holding(self, champion: str | None) -> MethodRow:
+        """The row saying whether its version is `champion`, the version `@champion` names."""
+        return replace(self, champion=self.model_version == champion)
+
+    def to_dict(self) -> JSONObject:
+        """The row as MLflow's table and the flow's JSON take it (no `champion` where it was not asked)."""
+        row: JSONObject = asdict(self)
+        if self.champion is None:
+            del row["champion"]
+        return row
+
+
 @dataclass
 class MethodResult:
     method: str
-    report: dict[str, Any] = field(default_factory=dict)
+    report: RunReport = field(default_factory=lambda: RunReport(stages=[]))
     message: str = ""
 
     @property
     def completed(self) -> bool:
-        stages = self.report.get("stages", [])
-        return (
-            bool(stages) and not self.message and all(s["state"] in ("completed", "cached") for s in stages)
-        )
+        stages = self.report.stages
+        return bool(stages) and not self.message and all(stage.done for stage in stages)
 
-    def figure(self, stage: str, name: str) -> Any:
-        found = next((s for s in self.report.get("stages", []) if s["name"] == stage), {})
-        return found.get("figures", {}).get(name)
+    def figure(self, stage: str, name: str) -> Figure:
+        return self.report.figure(stage, name)
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> MethodRow:
         """The method's figures, named as MLflow names them."""
-        row: dict[str, Any] = {"method": self.method}
-        row.update({name: self.figure(stage, name) for _, stage, name in COLUMNS})
-        row["state"] = "completed" if self.completed else f"failed: {self.message or 'see its run'}"
-        return row
+        state = "completed" if self.completed else f"failed: {self.message or 'see its run'}"
+        figures = {name: self.figure(stage, name) for _, stage, name in COLUMNS}
+        return MethodRow(method=self.method, **figures, state=state)
 
 
-def comparison_table(rows: list[dict[str, Any]]) -> str:
+def comparison_table(rows: list[MethodRow]) -> str:
     headers = ["method", *(header for header, _, _ in COLUMNS), "@champion", "state"]
     cells = [
         [
-            row["method"],
-            *(cell(row[name]) for _, _, name in COLUMNS),
-            "yes" if row["champion"] else "",
-            row["state"],
+            row.method,
+            *(cell(getattr(row, name)) for _, _, name in COLUMNS),
+            "yes" if row.champion else "",
+            row.state,
         ]
         for row in rows
     ]
     return table(headers, cells)
 
 
-def _champion_version(session: Any, name: str) -> str | None:
+def _champion_version(session: TrackingSession, name: str) -> str | None:
     """The version `@champion` names once both methods registered theirs, settled first (a method's
     process killed right after a stale set is put right: `settle_champion`; None: none, or no answer)."""
     try:
-        return settle_champion(session.client, name)
+        return champion_of(session, name)
     except Exception:  # no champion yet (both failed), or the store is away: the column stays empty
         return None
 
 
-def _open_comparison_run(params: PipelineParams, methods: list[str]) -> tuple[Any, str | None]:
-    """The MLflow run the methods' runs are children of."""
-    from tasks.tracking import TrackingSession
-
-    session = TrackingSession.open(params.tracking)
+def _open_comparison_run(params: PipelineParams, methods: list[str]) -> tuple[TrackingSession, str]:
+    """The MLflow run the methods' runs are children of: its session, and its id."""
     tune = params.finetune
-    run = session.client.create_run(
-        session.experiment_id,
-        run_name=f"finetune-{tune.name}-{'-vs-'.join(methods)}",
-        tags={"kind": "finetune", "finetune.name": tune.name, "base_model_uri": tune.model},
+    run = ParentRun.open(
+        params.tracking,
+        f"finetune-{tune.name}-{'-vs-'.join(methods)}",
+        {"kind": "finetune", "finetune.name": tune.name, "base_model_uri": tune.model},
     )
-    return session, run.info.run_id
+    return run.session, run.run_id

@@ -2,8 +2,9 @@
 held-out evaluation → exports → quantization. With `full.init_from` the tokenizer stage takes that
 model's tokenizer and training starts from its weights: continued pretraining.
 
-Each stage is a cached Prefect task in `tasks/`; this flow only composes them, records each stage's
-state, and publishes the run's summary (a markdown artifact and one final JSON line on stdout).
+Each stage is one object of `tasks/stages/` (its inputs, cache key, Prefect task, result and record); this
+flow composes them, handing each the typed results and values (the start model) of those before it, and
+publishes the run's summary (a markdown artifact and one final JSON line on stdout).
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ from prefect.runtime import flow_run
 from flows.environment.prefect_settings import hide_user_error_tracebacks
 from flows.failure_hooks import record_failure
 from flows.report import PipelineReport
-from tasks import pipeline as stages
+from gptcore.tools.records import JSONObject
+from tasks.params.jobs import TrainingStart
 from tasks.params.loading import choice, load_params
 from tasks.params.schema import STAGES
+from tasks.stages.base import Base
+from tasks.stages.device import Device
+from tasks.stages.evaluate import Evaluate
+from tasks.stages.export import Export
+from tasks.stages.full import Full
+from tasks.stages.quantize import Quantize
+from tasks.stages.smoke import Smoke
+from tasks.stages.tokenizer import Tokenizer
+from tasks.stages.tokens import Tokens
 from tasks.tracking import PipelineRecorder
 
 DEFAULT_PARAMS = "params/iteration_1.yaml"
@@ -37,7 +48,7 @@ def end_to_end(
     overrides: list[str] | None = None,
     until: str = STAGES[-1],
     trial: dict | None = None,
-) -> dict:
+) -> JSONObject:
     """Corpus to trained checkpoint for one parameter file, redoing only what changed. A sweep passes its
     `trial` ({"parent_run_id", "name", "values"}): the MLflow run is then the trial's, under the sweep's."""
     hide_user_error_tracebacks()
@@ -49,20 +60,25 @@ def end_to_end(
     tracking = PipelineRecorder.start(params, Path(params_path), flow_run_id=flow_run_id, trial=trial)
     report.links.update(tracking.links())
     try:
-        tokenizer = report.stage("tokenizer", lambda: stages.tokenizer(params, tracking))
-        started = stages.with_base(params, tokenizer)  # full.init_from: training starts from its weights
-        lineage = stages.lineage_of(tokenizer)
-        tokens = report.stage(
-            "tokens", lambda: stages.tokens(started, stages.tokenizer_of(tokenizer), tracking)
+        if params.full.init_from is None:
+            tokenizer = report.run(Tokenizer(params=params), tracking).result
+            start, lineage = TrainingStart.scratch(params), None
+        else:  # continued pretraining: the model's tokenizer encodes the corpus, training starts from it
+            base = report.run(Base(params=params, name="tokenizer"), tracking).result
+            tokenizer, start, lineage = base.tokenizer_result(), base.start(), base.lineage_tags()
+        tokens = report.run(Tokens(params=params, tokenizer=tokenizer), tracking).result
+        device = report.run(Device(params=params, start=start), tracking).result
+        smoke = report.run(Smoke(params=params, start=start, tokens=tokens, device=device), tracking).result
+        full = report.run(
+            Full(params=params, start=start, tokens=tokens, device=device, smoke=smoke), tracking
+        ).result
+        evaluated = report.run(
+            Evaluate(params=params, tokens=tokens, device=device, trained=full, lineage=lineage), tracking
+        ).result
+        report.run(Export(params=params, tokens=tokens, trained=full, evaluated=evaluated), tracking)
+        report.run(
+            Quantize(params=params, tokens=tokens, device=device, trained=full, evaluated=evaluated), tracking
         )
-        device = report.stage("device", lambda: stages.device(started, tracking))
-        smoke = report.stage("smoke", lambda: stages.smoke(started, tokens, device, tracking))
-        full = report.stage("full", lambda: stages.full(started, tokens, device, smoke, tracking))
-        evaluate = report.stage(
-            "evaluate", lambda: stages.evaluate(started, tokens, device, full, tracking, lineage)
-        )
-        report.stage("export", lambda: stages.export(started, tokens, full, evaluate, tracking))
-        report.stage("quantize", lambda: stages.quantize(started, tokens, device, full, evaluate, tracking))
     finally:
         report.close(tracking, key=f"gptpipe-iteration-{params.iteration}-summary")
     return report.to_dict()

@@ -10,12 +10,18 @@ import json
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from flows.run_report import RunReport, StageLine
 from gptcore.errors import first_line
 from gptcore.tools.markdown import cell, table
+from gptcore.tools.records import JSONObject
 from tasks.caching import StageOutcome
 from tasks.params.schema import STAGES
+
+if TYPE_CHECKING:
+    from tasks.stage import Stage
+    from tasks.tracking import PipelineRecorder
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,10 @@ class PipelineReport:
             self.stopped = f"--until {self.until}"
         return outcome
 
+    def run(self, stage: Stage[Any], tracking: PipelineRecorder) -> StageOutcome:
+        """Run `stage` (`Stage.run`) unless the pipeline stopped or it lies past `--until`."""
+        return self.stage(stage.name, lambda: stage.run(tracking))
+
     def _skip(self, name: str, reason: str) -> StageOutcome:
         outcome = StageOutcome(name, "skipped", message=reason)
         self.outcomes[name] = outcome
@@ -60,25 +70,28 @@ class PipelineReport:
             if name not in self.outcomes:
                 self._skip(name, self.stopped or "not reached")
 
-    def to_dict(self) -> dict[str, Any]:
-        stages = []
+    def report(self) -> RunReport:
+        lines = []
         for name in self.stages:
             outcome = self.outcomes.get(name) or StageOutcome(name, "skipped")
-            stage = {
-                "name": name,
-                "state": outcome.state,
-                "outputs": outcome.outputs,
-                "figures": outcome.figures,
-                "seconds": outcome.seconds,
-            }
-            if outcome.message:
-                stage["message"] = outcome.message
-            stages.append(stage)
-        return {"stages": stages}
+            lines.append(
+                StageLine(
+                    name=name,
+                    state=outcome.state,
+                    outputs=outcome.outputs,
+                    figures=outcome.figures,
+                    seconds=outcome.seconds,
+                    message=outcome.message or None,
+                )
+            )
+        return RunReport(stages=lines)
+
+    def to_dict(self) -> JSONObject:
+        return self.report().to_dict()
 
     def headline(self) -> dict[str, float]:
-        """The figures a run is compared by (`headline_figures`)."""
-        return headline_figures(self.to_dict())
+        """The figures a run is compared by (`RunReport.headline`)."""
+        return self.report().headline()
 
     def print_json(self) -> None:
         sys.stdout.flush()
@@ -95,7 +108,7 @@ class PipelineReport:
         from flows.closing_lines import closing_lines
 
         sys.stdout.flush()
-        print("\n".join(closing_lines(self.to_dict(), self.links, self.params_path)), flush=True)
+        print("\n".join(closing_lines(self.report(), self.links, self.params_path)), flush=True)
 
     def markdown(self) -> str:
         rows = []
@@ -109,7 +122,7 @@ class PipelineReport:
             lines += ["", *(f"- {label}: {target}" for label, target in self.links.items())]
         return "\n".join(lines) + "\n"
 
-    def close(self, tracking: Any, key: str) -> None:
+    def close(self, tracking: PipelineRecorder, key: str) -> None:
         """The flow's end, however it ends: stages never reached marked skipped, failed ones recorded
         (their child runs end FAILED with the reason), the parent run ended, the summary published as
         the artifact `key` and printed: the last JSON line, or a few lines in words at a terminal."""
@@ -128,29 +141,3 @@ class PipelineReport:
             create_markdown_artifact(self.markdown(), key=key, description=self.title)
         except Exception as error:  # the summary artifact is a convenience, never a reason to fail a run
             log.warning("summary artifact not created: %s", error)
-
-
-# The figures a pipeline run is compared by, per stage: logged on the run itself and a sweep's columns.
-HEADLINE = {
-    "evaluate": ("test_bits_per_byte", "test_perplexity"),
-    "full": ("final_val_loss", "tokens_per_second"),
-    "finetune": ("final_val_loss", "tokens_per_second"),
-    "before-after": ("base_test_bits_per_byte_after",),  # what a fine-tune forgot
-}
-
-
-def headline_figures(report: dict[str, Any]) -> dict[str, float]:
-    """The headline figures of a report (`PipelineReport.to_dict()`) that its stages produced: HEADLINE's,
-    and the evaluate stage's benchmark metrics (`hellaswag/acc_norm`; not their stderr or sample count)."""
-    from gptcore.eval.benchmarks import is_headline
-
-    found: dict[str, float] = {}
-    for stage in report.get("stages", []):
-        figures = stage.get("figures", {})
-        scored = stage.get("name") == "evaluate"
-        benchmarks = [name for name in figures if is_headline(name)] if scored else []
-        for name in [*HEADLINE.get(stage.get("name"), ()), *benchmarks]:
-            value = figures.get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                found[name] = float(value)
-    return found

@@ -21,8 +21,12 @@ from typing import Any
 
 from prefect import flow
 
+from flows.run_report import RunReport
 from flows.trials import TableRun, TrialResult, benchmark_columns, run_trial, sweep_table
+from gptcore.tools.records import JSONObject
+from tasks.params.schema import PipelineParams, SweepConfig
 from tasks.params.sweep import Trial
+from tasks.tracking import ParentRun
 
 TABLE_ARTIFACT = "sweep.json"
 
@@ -36,7 +40,7 @@ def sweep(
     seed: int | None = None,
     parallel: int | None = None,
     work_pool: str | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Trials of the pipeline over the parameter file's `sweep:` section, or `grid`/`random`/`seed`
     given here; the data stages once, then each trial in its own process, `parallel` at a time, or as
     runs of a deployment on `work_pool` (`flows.sweep_pool`)."""
@@ -51,25 +55,29 @@ def sweep(
     settings = with_options(params.sweep, grid=grid, random=random, seed=seed, parallel=parallel)
     trials = expand(settings)
     validate_trials(Path(params_path), base, trials)  # every trial checked before anything runs
-    session, parent = _open_sweep_run(params, trials, settings)
+    run = _open_sweep_run(params, trials, settings)
+    parent = run.run_id
     results = [TrialResult(trial) for trial in trials]
     try:
         data_run = {"parent_run_id": parent, "name": "data", "kind": "sweep-data"}
         data = end_to_end(params_path, base, until="device", trial=data_run)
-        if any(stage["state"] == "failed" for stage in data["stages"]):
+        if any(stage.state == "failed" for stage in RunReport.model_validate(data).stages):
             raise RuntimeError("the data stages failed; no trial was started")
         if work_pool:
             from flows.sweep_pool import run_trials_on_pool
 
             where = str(Path(params_path).resolve())  # the workers run from this checkout's folder
-            results = run_trials_on_pool(work_pool, where, base, trials, parent, session)
+            results = run_trials_on_pool(work_pool, where, base, trials, run)
         else:
             results = _run_trials(params_path, base, trials, parent, settings.parallel or _devices())
     finally:
-        _close_sweep_run(session, parent, results)
+        _close_sweep_run(run, results)
     failed = [result for result in results if result.state != "completed"]
     columns = benchmark_columns(results)
-    summary = {"sweep_run_id": parent, "trials": [result.row(columns) for result in results]}
+    summary: JSONObject = {
+        "sweep_run_id": parent,
+        "trials": [result.row(columns).to_dict() for result in results],
+    }
     if failed:
         summary["failed"] = [result.trial.name for result in failed]
     return summary
@@ -96,24 +104,20 @@ def _run_trials(
             raise
 
 
-def _open_sweep_run(params: Any, trials: list[Trial], settings: Any) -> tuple[Any, str | None]:
-    from tasks.tracking import TrackingSession
-
-    session = TrackingSession.open(params.tracking)
+def _open_sweep_run(params: PipelineParams, trials: list[Trial], settings: SweepConfig) -> ParentRun:
     keys = list(settings.grid)
-    run = session.client.create_run(
-        session.experiment_id,
-        run_name=f"sweep-{len(trials)}-trials-{'-'.join(key.split('.')[-1] for key in keys)}",
-        tags={"kind": "sweep", "sweep.keys": ",".join(keys), "sweep.trials": str(len(trials))},
+    run = ParentRun.open(
+        params.tracking,
+        f"sweep-{len(trials)}-trials-{'-'.join(key.split('.')[-1] for key in keys)}",
+        {"kind": "sweep", "sweep.keys": ",".join(keys), "sweep.trials": str(len(trials))},
     )
-    for key, values in settings.grid.items():
-        session.client.log_param(run.info.run_id, f"sweep.{key}", json.dumps(values)[:6000])
-    return session, run.info.run_id
+    run.log_params({f"sweep.{key}": json.dumps(values) for key, values in settings.grid.items()})
+    return run
 
 
-def _close_sweep_run(session: Any, parent: str | None, results: list[TrialResult]) -> None:
+def _close_sweep_run(run: ParentRun, results: list[TrialResult]) -> None:
     """The table printed, on the sweep's run (`log_table`, `sweep.md`) and as a Prefect table artifact."""
     done = all(result.state == "completed" for result in results)
-    rows = [result.row(benchmark_columns(results)) for result in results]
-    where = TableRun(session, parent, "Sweep", TABLE_ARTIFACT, "gptpipe-sweep")
+    rows = [result.row(benchmark_columns(results)).to_dict() for result in results]
+    where = TableRun(run.session, run.run_id, "Sweep", TABLE_ARTIFACT, "gptpipe-sweep")
     where.publish(rows, sweep_table(results), done, "the sweep's trials and their figures")

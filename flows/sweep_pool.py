@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from uuid import UUID
 
 from flows.trials import TrialResult
 from gptcore.errors import first_line
 from tasks.params.sweep import Trial
+from tasks.tracking import ParentRun
 
 DEPLOYMENT = "sweep-trial"
 POLL_SECONDS = 2.0
@@ -46,7 +47,7 @@ def ensure_deployment(pool: str) -> str:
 
 
 def run_trials_on_pool(
-    pool: str, params_path: str, base: list[str], trials: list[Trial], parent: str | None, session: Any
+    pool: str, params_path: str, base: list[str], trials: list[Trial], sweep_run: ParentRun
 ) -> list[TrialResult]:
     """Submit every trial to the pool, wait for all of them, read their figures from MLflow."""
     from prefect.deployments import run_deployment
@@ -58,17 +59,17 @@ def run_trials_on_pool(
             "params_path": params_path,
             "overrides": [*base, *trial.overrides()],
             "until": "evaluate",
-            "trial": {"parent_run_id": parent, "name": trial.name, "values": trial.values},
+            "trial": {"parent_run_id": sweep_run.run_id, "name": trial.name, "values": trial.values},
         }
         run = run_deployment(name, parameters=parameters, timeout=0, flow_run_name=trial.name)
         submitted[trial.name] = (trial, run.id, time.time())
         print(
             f"[{trial.name}] submitted to work pool {pool} as flow run {run.id}", file=sys.stderr, flush=True
         )
-    return [_wait(trial, run_id, started, parent, session) for trial, run_id, started in submitted.values()]
+    return [_wait(trial, run_id, started, sweep_run) for trial, run_id, started in submitted.values()]
 
 
-def _wait(trial: Trial, run_id: Any, started: float, parent: str | None, session: Any) -> TrialResult:
+def _wait(trial: Trial, run_id: UUID, started: float, sweep_run: ParentRun) -> TrialResult:
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
@@ -81,15 +82,7 @@ def _wait(trial: Trial, run_id: Any, started: float, parent: str | None, session
     result.state = "completed" if run.state.type.value == "COMPLETED" else "failed"
     if result.state == "failed":
         result.message = first_line(run.state.message or run.state.name, 300)
-    result.figures = _trial_figures(session, parent, trial)
+    # The headline figures the trial's own MLflow run holds (its pipeline recorder logged them).
+    result.figures = sweep_run.child_metrics(f"{trial.name}-")
     print(f"[{trial.name}] {run.state.name} (flow run {run_id})", file=sys.stderr, flush=True)
     return result
-
-
-def _trial_figures(session: Any, parent: str | None, trial: Trial) -> dict[str, float]:
-    """The headline figures the trial's own MLflow run holds (its pipeline recorder logged them)."""
-    if parent is None:
-        return {}
-    query = f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name LIKE '{trial.name}-%'"
-    runs = session.client.search_runs([session.experiment_id], query, max_results=1)
-    return dict(runs[0].data.metrics) if runs else {}

@@ -10,14 +10,33 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from flows.report import headline_figures
+from flows.run_report import RunReport
 from gptcore.errors import ConfigError
 from gptcore.tools.markdown import table
+from gptcore.tools.records import JSONObject
 from tasks.params.sweep import Trial
+from tasks.tracking import ParentRun, TrackingSession
 
 FIGURES = ("test_bits_per_byte", "final_val_loss", "tokens_per_second")  # the table's columns
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """A trial's line of the sweep's table, under the names MLflow's table gives its columns: the trial,
+    its overrides, its figures (FIGURES, then the benchmarks': a column each), state, seconds, message."""
+
+    trial: str
+    overrides: str
+    figures: dict[str, float | None]  # by column name: `test_bits_per_byte`, `hellaswag/acc_norm`, ...
+    state: str
+    seconds: float
+    message: str
+
+    def to_dict(self) -> JSONObject:
+        """The row as MLflow's table and the sweep's JSON take it: each figure a column of its own."""
+        head: JSONObject = {"trial": self.trial, "overrides": self.overrides}
+        return {**head, **self.figures, "state": self.state, "seconds": self.seconds, "message": self.message}
 
 
 @dataclass
@@ -28,16 +47,12 @@ class TrialResult:
     seconds: float = 0.0
     message: str = ""
 
-    def row(self, benchmarks: list[str] | None = None) -> dict[str, Any]:
+    def row(self, benchmarks: list[str] | None = None) -> TrialRow:
         """The trial's line of the table: FIGURES, then the `benchmarks` figures (`<task>/<metric>`)."""
-        return {
-            "trial": self.trial.name,
-            "overrides": self.trial.describe(),
-            **{key: self.figures.get(key) for key in [*FIGURES, *(benchmarks or [])]},
-            "state": self.state,
-            "seconds": round(self.seconds, 1),
-            "message": self.message,
-        }
+        figures = {key: self.figures.get(key) for key in [*FIGURES, *(benchmarks or [])]}
+        return TrialRow(
+            self.trial.name, self.trial.describe(), figures, self.state, round(self.seconds, 1), self.message
+        )
 
 
 def gptpipe_program() -> str:
@@ -74,8 +89,8 @@ def run_trial(
 
     code = run_process_tree(command, relay, cancel=cancel)
     result.seconds = time.time() - started
-    report = next((json.loads(line) for line in reversed(lines) if line.startswith('{"stages"')), None)
-    result.figures = headline_figures(report) if report else {}
+    report = next((line for line in reversed(lines) if line.startswith('{"stages"')), None)
+    result.figures = RunReport.model_validate_json(report).headline() if report else {}
     result.state = "completed" if code == 0 else "failed"
     if code != 0:
         errors = [line for line in lines if line.startswith("error:")]
@@ -96,9 +111,8 @@ def sweep_table(results: list[TrialResult]) -> str:
     rows = []
     for result in results:
         row = result.row(benchmarks)
-        state = row["state"] + (f": {row['message']}" if row["message"] else "")
-        figures = [row[key] for key in [*FIGURES, *benchmarks]]
-        rows.append([row["trial"], row["overrides"], *figures, state, row["seconds"]])
+        state = row.state + (f": {row.message}" if row.message else "")
+        rows.append([row.trial, row.overrides, *row.figures.values(), state, row.seconds])
     return table(header, rows)
 
 
@@ -107,22 +121,20 @@ class TableRun:
     """Where a table of runs side by side goes: the MLflow run that holds them (`log_table` as `file`,
     and `<title>` as markdown), a Prefect table artifact `key`, and the terminal."""
 
-    session: Any
+    session: TrackingSession
     run_id: str | None
     title: str
     file: str
     key: str
 
-    def publish(self, rows: list[dict[str, Any]], markdown: str, done: bool, description: str) -> None:
+    def publish(self, rows: list[JSONObject], markdown: str, done: bool, description: str) -> None:
         """Print and record the table; end the run, FINISHED when `done`."""
-        from gptcore.train.records import table_columns
-
         print(f"\n{markdown}\n", file=sys.stderr, flush=True)
-        client = self.session.client
         if self.run_id is not None:
-            client.log_table(self.run_id, table_columns(rows), self.file)
-            client.log_text(self.run_id, f"# {self.title}\n\n{markdown}\n", self.file.replace(".json", ".md"))
-            client.set_terminated(self.run_id, "FINISHED" if done else "FAILED")
+            run = ParentRun(self.session, self.run_id)
+            run.log_table(rows, self.file)
+            run.log_text(f"# {self.title}\n\n{markdown}\n", self.file.replace(".json", ".md"))
+            run.finish(done)
         try:
             from prefect.artifacts import create_table_artifact
 

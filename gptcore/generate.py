@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,17 @@ class Completer:
             raise ConfigError(f"top_k {top_k!r}: expected a whole number, 0 for none")
 
 
+@dataclass(frozen=True)
+class Generated:
+    """One prompt's completion by a checkpoint (`gptpipe generate`; `--json` prints its fields)."""
+
+    checkpoint: str  # the checkpoint's path
+    step: int | None  # the step it was written at
+    prompt: str
+    completion: str  # the new text alone
+    new_tokens: int  # the tokens sampled
+
+
 def generate_text(
     directory: Path,
     prompt: str,
@@ -156,18 +168,12 @@ def generate_text(
     top_k: int | None = 50,
     seed: int = 0,
     checkpoint: str = "auto",
-) -> dict[str, Any]:
+) -> Generated:
     path = choose_checkpoint(directory, checkpoint)
     model, record = load_model(path)
-    tokenizer_path = tokenizer_path or record.get("metadata", {}).get("tokenizer")
+    tokenizer_path = tokenizer_path or record.metadata.get("tokenizer")
     if not tokenizer_path:
         raise DataError(f"{path}: the checkpoint names no tokenizer; pass --tokenizer PATH")
     completer = Completer.from_paths(model, Path(tokenizer_path))
     new_ids = completer.complete_ids([prompt], max_new_tokens, temperature, top_k, seed)[0]
-    return {
-        "checkpoint": str(path),
-        "step": record.get("step"),
-        "prompt": prompt,
-        "completion": completer.tokenizer.decode(new_ids),
-        "new_tokens": len(new_ids),
-    }
+    return Generated(str(path), record.step, prompt, completer.tokenizer.decode(new_ids), len(new_ids))

@@ -32,7 +32,7 @@ from prefect.serializers import Serializer
 from prefect.states import Completed, State
 from pydantic import BaseModel, Field, ValidationError
 
-from tasks.results import StageResult
+from tasks.results import Figure, StageResult
 
 log = logging.getLogger(__name__)
 RECORD_LIMIT = 16 << 20  # a stage's record is a small manifest: anything larger is not one of ours
@@ -40,10 +40,10 @@ RECORD_LIMIT = 16 << 20  # a stage's record is a small manifest: anything larger
 R = TypeVar("R", bound=StageResult)
 
 
-def fingerprint_key(stage: str) -> Callable[[Any, dict[str, Any]], str]:
+def fingerprint_key(stage: str) -> Callable[[object, dict[str, object]], str]:
     """A Prefect `cache_key_fn`: `<stage>-<fingerprint>`, a safe file name in the result storage."""
 
-    def key(_context: Any, parameters: dict[str, Any]) -> str:
+    def key(_context: object, parameters: dict[str, object]) -> str:
         return f"{stage}-{parameters['fingerprint']}"
 
     key.__name__ = f"{stage}_fingerprint_key"
@@ -138,7 +138,7 @@ class StageOutcome:
     reran_because: list[str] = field(default_factory=list)
 
     @property
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Figure]:
         return self.result.figures if self.result is not None else {}
 
     @property

@@ -48,7 +48,7 @@ class ProgressBar(TrainingCallback):
     def on_step(self, record: StepRecord) -> None:
         if self.progress is None:
             return
-        fields: dict[str, Any] = {"completed": record.step}
+        fields: dict[str, int | str] = {"completed": record.step}
         if isinstance(record.train_loss, int | float):
             fields["loss"] = f"{record.train_loss:.4f}"
         if isinstance(record.tokens_per_second, int | float):

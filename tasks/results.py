@@ -1,37 +1,44 @@
-"""What each pipeline stage hands to the next: one pydantic model per stage, read by attribute.
+"""What every stage's result is (`StageResult`), and what the stages after training read
+(`CheckpointsResult`). Each stage's own result type lives beside it in its module of `tasks/stages/`.
 
 Every result names its output files with their sha256 (`files`: a cache hit is trusted only while they
 are unchanged), the paths a person looks at (`outputs`) and the headline figures the report and MLflow
-show (`figures`). Results are small: never tensors or datasets. A result cached by an older version of
-the code (a plain dict with the same keys) validates into the same model.
+show (`figures`). Results are small: never tensors or datasets. gptcore's records inside a result are
+typed (`Record[...]`): read from the JSON the record holds, written back as the record writes itself.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, TypeAdapter
 
-from gptcore.runtime.batch_size import BatchChoice
-from gptcore.runtime.decided import Runtime
-from gptcore.runtime.device import DeviceReport
 from gptcore.tools.fingerprint import sha256_file
-from gptcore.train.records import SummaryRecord
-from tasks.params.schema import ModelProfile
+
+# A figure as MLflow and the report take it: a number, a word, a flag, or none measured.
+Figure = float | int | str | bool | None
+T = TypeVar("T")
 
 
 class StageResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     fingerprint: str | None = None  # what determined the outputs (None: a stage that is never cached)
     files: dict[str, str] = {}  # output path -> sha256
     outputs: list[str] = []
-    figures: dict[str, Any] = {}
+    figures: dict[str, Figure] = {}
 
     def stale_outputs(self) -> list[str]:
         """Output files that are missing or whose content changed since the stage wrote them."""
         return [path for path, digest in self.files.items() if not _unchanged(path, digest)]
+
+
+class CheckpointsResult(StageResult):
+    """A stage whose outputs are checkpoints of plain models, in `run_directory`: the stages after
+    training read them (`tasks.stages.reading.ReadCheckpoint`)."""
+
+    run_directory: str
 
 
 def _unchanged(path: str, digest: str) -> bool:
@@ -43,104 +50,21 @@ def file_record(*paths: str | Path) -> dict[str, str]:
     return {str(path): sha256_file(path) for path in paths}
 
 
-class TokenizerResult(StageResult):
-    tokenizer: dict[str, Any]  # gptcore.data.tokenizer.TokenizerManifest.to_dict()
-    corpus: dict[str, Any]  # gptcore.data.corpus.Corpus.to_dict(): fingerprint, source, split statistics
+class _RecordOf:
+    """`Record[cls]`: a gptcore record (a dataclass) as a result's field, validated from its JSON by the
+    class's own `from_dict` where it has one (which reads its older forms), else field by field, and
+    written as its `to_dict()` (what it writes into its own files)."""
+
+    def __getitem__(self, cls: type[T]) -> Any:
+        read = getattr(cls, "from_dict", None) or TypeAdapter(cls).validate_python
+
+        def validate(value: Any) -> Any:
+            return value if isinstance(value, cls) else read(value)
+
+        def serialize(value: Any) -> Any:
+            return value.to_dict() if hasattr(value, "to_dict") else TypeAdapter(cls).dump_python(value)
+
+        return Annotated[cls, PlainValidator(validate), PlainSerializer(serialize)]
 
 
-class TokensResult(StageResult):
-    tokens: dict[str, Any]  # gptcore.data.build.TokenFolderManifest.to_dict()
-    train: str  # the token files the training stages read
-    validation: str
-    test: str  # held out: read by the evaluate stage alone
-    tokenizer_path: str
-
-
-class DeviceResult(StageResult):
-    device: DeviceReport  # the machine's facts and its precision probe
-    runtime: Runtime  # the decided runtime: what the training stages train with
-
-
-class SmokeResult(StageResult):
-    gate: dict[str, Any]  # tasks.stages.smoke_gate.GateResult.to_dict()
-    optimizer: dict[str, Any]  # the settings it trained with and their source (full or smoke)
-    schedule: dict[str, Any]  # the full run's steps and warmup it followed
-    precision: str
-    val_losses: list[float]
-    summary: SummaryRecord  # the trainer's
-    full_planned_steps: int
-    estimated_full_seconds: float
-    estimate: dict[str, Any] | None = None  # gptcore.train.estimate.RunTimeEstimate.figures(): its parts
-    # tasks.stages.smoke_gate.DataSizing: tokens per parameter of the full run and of the train split.
-    data_sizing: dict[str, Any] = {}
-    # The batch it trained with: full training reuses it (`batch_size: auto`). None: a result cached
-    # before the smoke stage recorded it (`{}` then).
-    batch: BatchChoice | None = None
-
-    @field_validator("batch", mode="before")
-    @classmethod
-    def _none_when_empty(cls, value: Any) -> Any:
-        return value or None
-
-
-class CheckpointsResult(StageResult):
-    """A stage whose outputs are checkpoints of plain models, in `run_directory`: the stages after
-    training read them (`tasks.stages.evaluate.evaluated_checkpoint`)."""
-
-    run_directory: str
-
-
-class FullResult(CheckpointsResult):
-    summary: SummaryRecord
-
-
-class MergeResult(CheckpointsResult):
-    """A fine-tune's checkpoints as plain models: a LoRA run's merged into `<run>/merged` (its adapters
-    alone in `adapter`), a full fine-tune's as trained (`merged` false: nothing to merge)."""
-
-    merged: bool
-    checkpoints: list[str]  # the plain checkpoints (final, best): merged, or as trained
-    adapter: str | None = None  # adapter.safetensors, beside it adapter_config.json
-
-
-class EvaluateResult(StageResult):
-    checkpoint: str  # the checkpoint evaluated
-    evaluation: dict[str, Any]  # gptcore.eval.held_out.HeldOutRecord.to_dict(): figures and samples
-    benchmarks: dict[str, Any] = {}  # gptcore.eval.benchmarks.BenchmarkScores.to_dict() (none: empty)
-
-
-class ExportResult(StageResult):
-    folder: str  # the Hugging Face folder
-    checkpoint: str  # the checkpoint exported
-
-
-class QuantizeResult(StageResult):
-    checkpoint: str  # the checkpoint quantized (the evaluated one)
-    rows: list[dict[str, Any]]  # gptcore.eval.quant_tradeoff.TradeoffRow.to_dict(), fp32 first
-    machine: dict[str, Any]  # gptcore.model.quantization.cpu_features()
-    model_folders: dict[str, str]  # method -> the folder of its model files (measured methods)
-
-
-class BaseResult(StageResult):
-    uri: str  # finetune.model as given
-    lineage: dict[str, str]  # base_model_uri, base_registered_model, base_model_version, ...
-    folder: str  # the base's model files, kept under <data_root>/base-models
-    weights_sha256: str
-    model: ModelProfile  # what training builds: the base's own architecture (start_model.start_profile)
-    tokenizer: dict[str, Any]  # the base's tokenizer over the new corpus (a TokenizerManifest.to_dict())
-    base_test_tokens: str | None = None  # the base corpus's test split (None: not found)
-
-    def tokenizer_result(self) -> TokenizerResult:
-        """The base's tokenizer as the tokens stage takes a trained one."""
-        path = self.tokenizer["path"]
-        return TokenizerResult(
-            fingerprint=self.tokenizer["fingerprint"],
-            tokenizer=self.tokenizer,
-            corpus={"fingerprint": self.tokenizer["corpus_fingerprint"]},
-            files={path: self.tokenizer["sha256"]},
-            outputs=[path],
-        )
-
-
-class BeforeAfterResult(StageResult):
-    pass  # its figures: new_test_* and base_test_* bits per byte and loss, _before and _after
+Record = _RecordOf()

@@ -26,7 +26,9 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def launch_spec(params: PipelineParams, topology: dict[str, Any] | None = None) -> LaunchSpec | None:
+def launch_spec(
+    params: PipelineParams, topology: dict[str, str | int | None] | None = None
+) -> LaunchSpec | None:
     """The torchrun processes a training runs on: `runtime.nproc` per node and the `topology` flags
     (`nnodes`, `node_rank`, `rdzv_*`); None when it trains in this process (one process asked for, or
     this one is a rank of a torchrun already)."""
@@ -44,7 +46,7 @@ def launch_training(
     stage: TrainingStage,
     callbacks: list[TrainingCallback],
     spec: LaunchSpec | None = None,
-    metadata: dict[str, Any] | None = None,
+    metadata: dict[str, str] | None = None,
     on_text: Callable[[str], None] = _stderr,
     **job_fields: Any,
 ) -> SummaryRecord | None:

@@ -32,7 +32,11 @@ SOURCES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / pac
 def imported(path: Path) -> Iterator[str]:
     """Every module `path` imports, at the top or inside a function (`from a import b`: `a.b` when
     that is a module, else `a`)."""
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    return imported_in(ast.parse(path.read_text(encoding="utf-8")))
+
+
+def imported_in(tree: ast.AST) -> Iterator[str]:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -141,6 +145,42 @@ def test_a_flow_imports_no_command_line_module() -> None:
         if target.startswith("flows.cli")
     ]
     assert upward == []
+
+
+def mlflow_reached_directly(name: str, source: str) -> list[str]:
+    """Where a module reaches MLflow itself: imports it (at the top, in a function, or by `import_module`),
+    reads some object's `.client` (a tracking session's MlflowClient), names `MlflowClient`, or takes a
+    bare client from `tasks.tracking.store.connect`."""
+    tree = ast.parse(source)
+    found = [f"{name} imports {target}" for target in imported_in(tree) if target.split(".")[0] == "mlflow"]
+    for node in ast.walk(tree):
+        at = f"{name}:{getattr(node, 'lineno', '')}"
+        if isinstance(node, ast.Attribute) and node.attr == "client":
+            found.append(f"{at} reads .client")
+        if isinstance(node, ast.Name) and node.id == "MlflowClient":
+            found.append(f"{at} names MlflowClient")
+        if isinstance(node, ast.ImportFrom) and node.module == "tasks.tracking.store":
+            found += [f"{at} imports store.connect" for alias in node.names if alias.name == "connect"]
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+            "import_module",
+            "__import__",
+        ):
+            named = [arg.value for arg in node.args[:1] if isinstance(arg, ast.Constant)]
+            found += [f"{at} imports {value}" for value in named if str(value).split(".")[0] == "mlflow"]
+    return found
+
+
+def test_flows_reach_mlflow_only_through_tasks_tracking() -> None:
+    """Everything a flow or a command asks of MLflow (parent runs, searches, the registry, logged models,
+    tags, artifacts) goes through the typed functions and classes of tasks/tracking (`ParentRun`,
+    `run_search`, the registry's): flows/ never holds an MLflow client of its own."""
+    found = [
+        place
+        for name, path in SOURCES.items()
+        if name.startswith("flows")
+        for place in mlflow_reached_directly(name, path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
 
 
 def test_gptcore_errors_name_no_upper_layer_not_even_in_a_string() -> None:
@@ -297,3 +337,21 @@ def test_lora_is_put_on_by_one_call_and_merged_by_one_step() -> None:
     calls = calls_of({"apply_lora", "merge_lora"})
     assert calls["apply_lora"] == {"gptcore.finetune.start", "gptcore.finetune.lora"}  # merge: start.adapt
     assert calls["merge_lora"] == {"gptcore.checkpoint.merge"}
+
+
+def test_a_stage_is_one_object_in_one_module_and_no_one_lists_the_code_it_hashes() -> None:
+    """Each module of tasks/stages/ holds at most one stage (a class naming its `result_type`); the
+    modules a stage's key hashes are derived from its imports (`tasks.stage.code_reached`), never listed
+    by hand."""
+    stages: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tasks" / "stages").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        stages[path.stem] = [
+            node.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and "result_type = " in ast.unparse(node)
+        ]
+    assert all(len(found) <= 1 for found in stages.values()), stages
+    assert sum(len(found) for found in stages.values()) == 11  # every stage of both flows
+    listed = [path for path in (ROOT / "tasks").rglob("*.py") if "code_version_of(" in path.read_text()]
+    assert listed == []

@@ -211,9 +211,10 @@ def test_the_gate_reads_lower_as_better_where_the_task_says_so_and_passes_a_cham
 
 def test_a_gate_naming_a_metric_the_task_did_not_give_is_one_line_naming_those_it_did() -> None:
     from gptcore.errors import ConfigError
+    from gptcore.eval.benchmarks import BenchmarkScores
+    from gptcore.eval.held_out import HeldOutRecord
     from tasks.params.schema import PipelineParams
-    from tasks.results import EvaluateResult
-    from tasks.stages.evaluate import benchmark_gate
+    from tasks.stages.evaluate import EvaluateResult, benchmark_gate
 
     params = PipelineParams.model_validate(
         {
@@ -228,8 +229,9 @@ def test_a_gate_naming_a_metric_the_task_did_not_give_is_one_line_naming_those_i
             "evaluate": {"benchmarks": [{"task": "code_choice"}], "benchmark_gate": "code_choice/f1"},
         }
     )
-    scores = {"tasks": {"code_choice": {"acc": 0.5, "acc_norm": 0.5}}, "higher_is_better": {}}
-    result = EvaluateResult(fingerprint="f", checkpoint="c", evaluation={}, benchmarks=scores)
+    scores = BenchmarkScores({"code_choice": {"acc": 0.5, "acc_norm": 0.5}}, {})
+    evaluation = HeldOutRecord("c", 0, 1.0, 2.7, 1.2, 1.5, 1.8, 10, 40)
+    result = EvaluateResult(fingerprint="f", checkpoint="c", evaluation=evaluation, benchmarks=scores)
     with pytest.raises(
         ConfigError,
         match=r"benchmark_gate code_choice/f1: code_choice gave no f1 \(its figures: acc, acc_norm\)",
@@ -238,20 +240,20 @@ def test_a_gate_naming_a_metric_the_task_did_not_give_is_one_line_naming_those_i
 
 
 def test_the_sweep_table_and_a_comparison_show_each_benchmark_scored_beside_the_headline_figures() -> None:
-    from flows.report import headline_figures
+    from flows.run_report import RunReport
     from flows.trials import TrialResult, sweep_table
-    from gptcore.eval.comparison import comparison_table
+    from gptcore.eval.comparison import RunFigures, comparison_table
     from tasks.params.sweep import Trial
 
     scored = {"code_choice/acc": 0.75, "code_choice/acc_stderr": 0.2, "code_choice/samples": 8.0}
-    evaluate = {"name": "evaluate", "figures": {"test_bits_per_byte": 2.1, **scored}}
-    figures = headline_figures({"stages": [evaluate]})
+    evaluate = {"name": "evaluate", "state": "completed", "figures": {"test_bits_per_byte": 2.1, **scored}}
+    figures = RunReport.model_validate({"stages": [evaluate]}).headline()
     assert figures == {"test_bits_per_byte": 2.1, "code_choice/acc": 0.75}  # no stderr, no sample count
     with_scores = TrialResult(Trial(1, {"full.max_steps": 10}), "completed", figures)
     unscored = TrialResult(Trial(2, {"full.max_steps": 20}), "failed", {})
     header, _, first, second = sweep_table([with_scores, unscored]).splitlines()[:4]
     assert "code_choice/acc" in header and "0.75" in first and "code_choice" not in second
 
-    runs = [{"run_id": f"run{n}", "params": {}, "metrics": {"code_choice/acc": n / 4}} for n in (2, 3)]
+    runs = [RunFigures(f"run{n}", {}, {"code_choice/acc": n / 4}) for n in (2, 3)]
     rows = {line.split("|")[1].strip(): line for line in comparison_table("precision", runs).splitlines()}
     assert "0.5" in rows["code_choice/acc"] and "1.5" in rows["code_choice/acc"]  # both, and the ratio

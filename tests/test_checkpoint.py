@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gptcore.checkpoint import files as ckpt
+from gptcore.checkpoint.record import CheckpointRecord
 from gptcore.errors import CheckpointError
 
 
@@ -19,7 +20,7 @@ def _state(value: float) -> dict:
 
 def _save(directory: Path, step: int, kind: str = "step", keep: int | None = 2) -> Path:
     name = ckpt.step_name(step) if kind == "step" else kind
-    record = {"kind": kind, "step": step, "config": {"a": 1}, "metadata": {"run_id": "r1"}}
+    record = CheckpointRecord(kind, step, config={"a": 1}, metadata={"run_id": "r1"})
     path, seconds = ckpt.save_checkpoint(directory, name, _state(float(step)), record, keep)
     assert seconds >= 0
     return path
@@ -28,7 +29,7 @@ def _save(directory: Path, step: int, kind: str = "step", keep: int | None = 2) 
 def test_a_checkpoint_has_a_cheap_record_and_loads_with_weights_only(tmp_path: Path) -> None:
     path = _save(tmp_path, 5)
     record = ckpt.checkpoint_metadata(path)
-    assert record["step"] == 5 and record["metadata"] == {"run_id": "r1"} and len(record["sha256"]) == 64
+    assert record.step == 5 and record.metadata == {"run_id": "r1"} and len(record.sha256 or "") == 64
     state = ckpt.load_checkpoint(path)
     assert torch.equal(state["model"]["w"], torch.full((3,), 5.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == [

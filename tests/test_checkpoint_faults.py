@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import gptcore.checkpoint.files as ckpt
+from gptcore.checkpoint.record import CheckpointRecord
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.errors import CheckpointError, DiskFullError
 from gptcore.model.config import ModelConfig
@@ -116,7 +117,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_intact_and_loadable(
 def test_a_write_refused_by_permissions_fails_clearly_and_lists_nothing_new(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ckpt.save_checkpoint(tmp_path, "step-00000001", {"step": 1}, {"kind": "step", "step": 1})
+    ckpt.save_checkpoint(tmp_path, "step-00000001", {"step": 1}, CheckpointRecord("step", 1))
 
     def refused(source: Any, target: Any) -> None:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target))
@@ -125,7 +126,7 @@ def test_a_write_refused_by_permissions_fails_clearly_and_lists_nothing_new(
     with pytest.raises(
         CheckpointError, match=r"step-00000002.pt: checkpoint write failed \(Permission denied\)"
     ):
-        ckpt.save_checkpoint(tmp_path, "step-00000002", {"step": 2}, {"kind": "step", "step": 2})
+        ckpt.save_checkpoint(tmp_path, "step-00000002", {"step": 2}, CheckpointRecord("step", 2))
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "manifest.json",
@@ -285,11 +286,11 @@ def test_a_best_checkpoint_cut_short_between_its_two_files_is_passed_over_for_fi
     retry (every reader does: tests/test_checkpoint_publish.py)."""
     from tasks.params.loading import PARAMS_DIR, load_params
     from tasks.results import CheckpointsResult
-    from tasks.stages.evaluate import evaluated_checkpoint
+    from tasks.stages.reading import evaluated_checkpoint
 
     for name, step in (("best", 4), ("final", 6)):
         ckpt.save_checkpoint(
-            tmp_path, name, {"model": {"w": torch.ones(2) * step}}, {"kind": name, "step": step}
+            tmp_path, name, {"model": {"w": torch.ones(2) * step}}, CheckpointRecord(name, step)
         )
     torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "best.pt")  # the newer best, its record not yet
     params = load_params(PARAMS_DIR / "iteration_1.yaml", [])

@@ -16,12 +16,13 @@ import torch
 
 from gptcore.checkpoint import files as ckpt
 from gptcore.checkpoint.load import choose_checkpoint, load_model
+from gptcore.checkpoint.record import CheckpointRecord
 from gptcore.generate import generate_text
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from tasks.params.loading import PARAMS_DIR, load_params
 from tasks.results import CheckpointsResult
-from tasks.stages.evaluate import evaluated_checkpoint
+from tasks.stages.reading import evaluated_checkpoint
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300)
 KILLED = 137
@@ -54,13 +55,9 @@ def weights(step: int) -> dict[str, torch.Tensor]:
 
 def save(directory: Path, name: str, step: int, tokenizer: Path) -> None:
     kind = "step" if name.startswith("step-") else name
-    record = {
-        "kind": kind,
-        "step": step,
-        "config": {"seed": 1},
-        "model_config": TINY.model_dump(),
-        "metadata": {"tokenizer": str(tokenizer)},
-    }
+    record = CheckpointRecord(
+        kind, step, config={"seed": 1}, model_config=TINY, metadata={"tokenizer": str(tokenizer)}
+    )
     ckpt.save_checkpoint(directory, name, {"model": weights(step), "step": step}, record)
 
 
@@ -110,16 +107,16 @@ def steps_every_reader_gets(directory: Path, name: str, tokenizer: Path, scratch
     for path in taken:
         assert path == directory / f"{name}.pt"
         model, record = load_model(path)
-        assert same(model.state_dict(), weights(record["step"])), "the record and the weights agree"
-        steps.add(record["step"])
+        assert same(model.state_dict(), weights(record.step)), "the record and the weights agree"
+        steps.add(record.step)
     greedy = {"max_new_tokens": 2, "temperature": 0.0, "checkpoint": name}
-    steps.add(generate_text(directory, "def ", tokenizer, **greedy)["step"])
+    steps.add(generate_text(directory, "def ", tokenizer, **greedy).step)
     export = ["export", "--checkpoint-directory", str(directory), "--checkpoint", name]
     assert main([*export, "--tokenizer", str(tokenizer), "--output", str(scratch / "hf")]) == 0
     if name == "final":  # a resume takes the newest periodic or final checkpoint: final here
         path, record, state = ckpt.load_latest_valid(directory)
-        assert path == directory / "final.pt" and same(state["model"], weights(record["step"]))
-        steps.add(record["step"])
+        assert path == directory / "final.pt" and same(state["model"], weights(record.step))
+        steps.add(record.step)
     return steps
 
 
@@ -162,7 +159,7 @@ def test_every_reader_passes_over_a_pair_an_older_gptpipe_left_cut_short_for_the
         tmp_path / "final.pt"
     )
     with caplog.at_level(logging.WARNING):
-        assert generate_text(tmp_path, "def ", tokenizer, 2, 0.0, checkpoint="best")["step"] == 6
+        assert generate_text(tmp_path, "def ", tokenizer, 2, 0.0, checkpoint="best").step == 6
         export = ["export", "--checkpoint-directory", str(tmp_path), "--tokenizer", str(tokenizer)]
         assert main([*export, "--output", str(tmp_path / "hf")]) == 0  # --checkpoint best, the default
     said = [r.getMessage() for r in caplog.records]

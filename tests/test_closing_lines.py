@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from flows.closing_lines import closing_lines
+from flows.run_report import RunReport
 from tasks.params.loading import PARAMS_DIR
 from tasks.params.schema import STAGES
 
 RUN = {"MLflow run": "http://127.0.0.1:5000/#/experiments/1/runs/abc"}
 
 
-def report(states: dict[str, str], **evaluated: Any) -> dict[str, Any]:
+def report(states: dict[str, str], **evaluated: Any) -> RunReport:
     figures = {
         "test_bits_per_byte": 2.0337,
         "unigram_test_bits_per_byte": 2.6952,
@@ -32,7 +33,7 @@ def report(states: dict[str, str], **evaluated: Any) -> dict[str, Any]:
         if state == "failed":
             stage["message"] = "the disk is full"
         stages.append(stage)
-    return {"stages": stages}
+    return RunReport.model_validate({"stages": stages})
 
 
 def test_a_finished_run_says_where_the_model_is_how_good_and_how_to_look() -> None:

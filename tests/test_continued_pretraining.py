@@ -101,7 +101,7 @@ def test_a_run_from_a_gpt2_encodes_with_its_tokenizer_starts_from_its_weights_an
 
     kept = Path(stages["tokenizer"]["outputs"][0])
     final = next(Path(path) for path in stages["full"]["outputs"] if path.endswith("final.pt"))
-    identity = checkpoint_metadata(final)["config"]
+    identity = checkpoint_metadata(final).config
     assert identity["init.weights_sha256"] == sha256_file(kept / "model.safetensors")
 
     figures = stages["evaluate"]["figures"]

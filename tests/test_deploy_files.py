@@ -64,6 +64,6 @@ def test_the_image_gets_the_code_and_never_a_secret_state_or_data() -> None:
         "gptcore/__pycache__/errors.cpython-311.pyc",
     ]  # fmt: skip
     let_in = ["pyproject.toml", "README.md", "prefect.toml", "gptcore/errors.py", "flows/cli/main.py",
-              "tasks/pipeline.py", "params/iteration_1.yaml"]  # fmt: skip
+              "tasks/stage.py", "params/iteration_1.yaml"]  # fmt: skip
     assert [path for path in kept_out if in_build_context(path, rules)] == []
     assert [path for path in let_in if not in_build_context(path, rules)] == []

@@ -105,10 +105,11 @@ def test_readers_refuse_an_adapted_checkpoint_until_the_merge_step_makes_it_plai
     path = merge_checkpoint(adapted, tmp_path / "merged")
     plain, record = load_model(path)
     assert path == tmp_path / "merged" / "final.pt" and lora_layers(plain) == []
-    assert record["step"] == checkpoint_metadata(adapted)["step"] == 8
-    assert record["merged_from"]["sha256"] == checkpoint_metadata(adapted)["sha256"]
-    assert record["merged_from"]["r"] == LORA.r
-    assert not any(key.startswith("lora.") for key in record["config"]), "nothing says adapted any more"
+    assert record.step == checkpoint_metadata(adapted).step == 8
+    assert record.merged_from is not None and record.merged_from.sha256 == checkpoint_metadata(adapted).sha256
+    assert record.merged_from.adapters.r == LORA.r
+    assert not any(key.startswith("lora.") for key in record.config or {}), "nothing says adapted any more"
+    assert checkpoint_metadata(adapted).adapted and not record.adapted
     model = GPT(TINY)
     start_from(model, TINY, base, LORA)
     model.load_state_dict(load_checkpoint(adapted)["model"])

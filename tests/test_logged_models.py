@@ -26,7 +26,7 @@ def test_the_best_and_final_checkpoints_are_logged_models_of_the_run_at_their_st
     session, callback, run = trained
     assert set(callback.models) == {"best", "final"}
     outputs = session.client.get_run(callback.run_id).outputs.model_outputs
-    steps = {kind: checkpoint_metadata(run / f"{kind}.pt")["step"] for kind in ("best", "final")}
+    steps = {kind: checkpoint_metadata(run / f"{kind}.pt").step for kind in ("best", "final")}
     assert {(o.model_id, o.step) for o in outputs} == {(callback.models[k], steps[k]) for k in steps}
     final = session.client.get_logged_model(callback.models["final"])
     assert final.source_run_id == callback.run_id and final.tags["checkpoint_kind"] == "final"
@@ -45,7 +45,7 @@ def test_a_logged_model_loads_and_completes_prompts_as_gptpipe_generate_does(tra
     greedy = {"max_new_tokens": 6, "temperature": 0.0}
     completions = model.predict(["def load(", "import "], params=greedy)
     expected = generate_text(run, "def load(", max_new_tokens=6, temperature=0.0, checkpoint="final")
-    assert len(completions) == 2 and completions[0] == expected["completion"]
+    assert len(completions) == 2 and completions[0] == expected.completion
     assert model.predict(["x"]) == model.predict(["x"])  # seeded by default: the same text again
     with pytest.raises(MlflowException, match=r"max_new_tokens 5000: allowed from 1 to 1024"):
         model.predict(["x"], params={"max_new_tokens": 5000})

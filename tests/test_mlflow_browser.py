@@ -20,7 +20,7 @@ from waiting import answers, until
 from flows.cli.tracking import MODEL_TRAINING_VIEW, server_command, server_environment
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from tasks.params.schema import TrackingConfig
-from tasks.tracking import TrackingSession
+from tasks.tracking import DeliverySettings, TrackingSession
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = [
@@ -68,7 +68,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         session = TrackingSession.open(TrackingConfig(uri=models.target.uri), experiment="browser")
         run_ids = []
         for name in RUN_NAMES:
-            callback = session.training_callback(name, system_metrics=False, flush_seconds=0.05)
+            callback = session.training_callback(
+                name, system_metrics=False, delivery=DeliverySettings(flush_seconds=0.05)
+            )
             callback.on_start(startup())
             for step in (1, 2):
                 callback.on_step(

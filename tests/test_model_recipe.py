@@ -230,6 +230,7 @@ def test_a_gpt2_configs_identity_is_what_it_was_before_the_recipe_existed() -> N
 def test_a_modern_model_reads_back_from_its_checkpoint_as_model_files(name: str, tmp_path) -> None:
     from gptcore.checkpoint import files as ckpt
     from gptcore.checkpoint.load import checkpoint_model_files
+    from gptcore.checkpoint.record import CheckpointRecord
     from gptcore.export.model_files import read_model_files
 
     torch.manual_seed(0)
@@ -237,8 +238,8 @@ def test_a_modern_model_reads_back_from_its_checkpoint_as_model_files(name: str,
     from tokenizers import Tokenizer, models
 
     Tokenizer(models.BPE()).save(str(tmp_path / "tokenizer.json"))  # the record names one; never read here
-    record = {"kind": "final", "step": 1, "model_config": model.config.model_dump(), "config": {}}
-    record["metadata"] = {"tokenizer": str(tmp_path / "tokenizer.json")}
+    tokenizer = {"tokenizer": str(tmp_path / "tokenizer.json")}
+    record = CheckpointRecord("final", 1, config={}, model_config=model.config, metadata=tokenizer)
     path, _ = ckpt.save_checkpoint(tmp_path / "run", "final", {"model": model.state_dict()}, record)
     files, _ = checkpoint_model_files(path, tmp_path / "files")
     back = read_model_files(files.weights, files.config)

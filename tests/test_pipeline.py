@@ -403,14 +403,19 @@ def test_smoke_gate_reads_validation_from_the_start_to_the_end() -> None:
 
 def test_a_smoke_result_holds_its_batch_typed_and_one_cached_without_it_still_reads() -> None:
     from gptcore.runtime.batch_size import BatchChoice
-    from tasks.results import SmokeResult
+    from tasks.stages.smoke import SmokeResult
 
-    fields = dict(gate={}, optimizer={}, schedule={}, precision="fp32", val_losses=[], summary={"steps": 2})
+    gate = judge([5.9, 5.0], [5.8, 5.1], 10, 100, 300).to_dict()  # as a record holds it
+    schedule = {"steps": 2, "warmup_steps": 0}
+    fields = dict(
+        gate=gate, optimizer={}, schedule=schedule, precision="fp32", val_losses=[], summary={"steps": 2}
+    )
     fields.update(full_planned_steps=2, estimated_full_seconds=1.0)
     saved = {"batch_size": 8, "grad_accum_steps": 2, "source": "estimated", "figures": {"tried": [8]}}
     assert SmokeResult.model_validate({**fields, "batch": saved}).batch == BatchChoice(**saved)
     assert SmokeResult.model_validate({**fields, "batch": {}}).batch is None  # cached before it was kept
     assert SmokeResult.model_validate(fields).summary.steps == 2
+    assert SmokeResult.model_validate(fields).gate.passed, "the gate read back typed"
 
 
 def test_iteration_2_stops_before_full_training_without_cuda() -> None:

@@ -139,7 +139,9 @@ def test_the_merge_folds_the_adapters_into_the_dequantized_weights(tmp_path: Pat
     plain, record = load_model(path)
     assert lora_layers(plain) == [] and not quantized_layers(plain)
     assert set(load_checkpoint(path)["model"]) == set(GPT(TINY).state_dict()), "the base's shape, fp32"
-    assert record["merged_from"]["quantized_base"] == "int8-weight-only"
+    assert record.merged_from is not None and record.merged_from.adapters.model_dump()["quantized_base"] == (
+        "int8-weight-only"
+    )
     model = GPT(TINY)
     start_from(model, TINY, base, QLORA)
     model.load_state_dict(load_checkpoint(adapted)["model"])
@@ -254,16 +256,17 @@ def test_a_qlora_parameter_file_trains_over_an_int8_base_and_is_checked_before_a
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import gptcore.model.quantization
-    from tasks.params.jobs import train_job
+    from tasks.params.jobs import TrainingStart, train_job
     from tasks.params.loading import load_params
     from tasks.stages.finetune import check_quantized_base
     from tests.test_finetune_flow import finetune_params
 
-    # What the base stage sets from the base's files: its weights and its architecture.
-    overrides = ["finetune.method=qlora", f"finetune.weights={tmp_path / 'base'}", "model=gpt_first_cpu"]
-    params = load_params(str(finetune_params(tmp_path)), overrides)
+    params = load_params(str(finetune_params(tmp_path)), ["finetune.method=qlora", "model=gpt_first_cpu"])
     assert params.finetune.methods() == ["qlora", "lora", "full"]
-    assert train_job(params, train_tokens=None).lora == QLoRAConfig(**params.finetune.lora.model_dump())
+    start = TrainingStart(params.model, tmp_path / "base")  # what the base stage hands on from its files
+    assert train_job(params, start=start, train_tokens=None).lora == QLoRAConfig(
+        **params.finetune.lora.model_dump()
+    )
     check_quantized_base(params)  # runtime.device cpu: torchao's int8 kernels are there
     monkeypatch.setattr(gptcore.model.quantization, "unavailable", lambda method, device: "no kernels")
     with pytest.raises(

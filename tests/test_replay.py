@@ -4,6 +4,8 @@ upload a local file, and the store is the one the outbox was written for."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import time
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from tracking_support import fresh_store
 
 from flows.cli.main import main
-from tasks.tracking.delivery import operations
+from tasks.tracking.delivery import operations, signing
 from tasks.tracking.delivery.operations import dumps, metric
 from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.delivery.signing import sign
@@ -33,9 +35,18 @@ class Store:
         self.experiment = self.client.create_experiment("replayed")
 
 
-def outbox_of(path: Path, uri: str, records: list[dict[str, Any]], signed: bool = True) -> Path:
+def signature(line: dict[str, Any]) -> str:
+    """The HMAC every gptpipe that signed its outbox put on a line: of the line without `sig`, its keys
+    sorted, keyed by this user's key."""
+    body = json.dumps({k: v for k, v in line.items() if k != "sig"}, sort_keys=True, default=str)
+    return hmac.new(signing._key(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def outbox_of(path: Path, uri: str, lines: list[dict[str, Any]], signed: bool = True) -> Path:
+    """An outbox of `lines`, each a record's JSON as gptpipe has written it (before the records were typed
+    too), signed as this user's unless not `signed`."""
     box = Outbox(path, uri)
-    box.append(dumps(sign(record) if signed else record) for record in records)
+    box.append(json.dumps({**line, "sig": signature(line)} if signed else line) for line in lines)
     box.release()  # as the run that wrote it does when it ends
     return path
 
@@ -46,7 +57,8 @@ def create(key: str, experiment: str) -> dict[str, Any]:
 
 
 def losses(run: str, steps: range) -> list[dict[str, Any]]:
-    return [metric(run, "loss", 1.0 / step, 1000 * step, step) for step in steps]
+    return [{"op": "metric", "run": run, "key": "loss", "value": 1.0 / step, "timestamp": 1000 * step,
+             "step": step} for step in steps]  # fmt: skip
 
 
 def replay(path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -172,3 +184,36 @@ def test_lines_nested_too_deep_or_too_long_are_passed_over_in_one_piece(
     code, said = replay(path, capsys)
     assert code == 0 and "Traceback" not in said, said
     assert [m.step for m in store.client.get_metric_history(run, "loss")] == [1, 2, 3]
+
+
+def test_an_outbox_of_every_kind_of_record_as_gptpipe_wrote_it_replays_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lines as gptpipe has written them since outboxes were signed (a run created during the outage, its
+    params, tags, files, text, JSON and end) are each sent once, and the outbox goes."""
+    store = Store(tmp_path)
+    key = "pending-00112233445566778899aabbccddeeff"
+    notes = tmp_path / "notes.md"
+    notes.write_text("# notes\n")
+    lines = [
+        create(key, store.experiment),
+        {"op": "log_params", "run": key, "params": {"lr": "0.001"}, "keep_existing": False},
+        {"op": "set_tags", "run": key, "tags": {"phase": "a"}},
+        *losses(key, range(1, 3)),
+        {"op": "log_artifact", "run": key, "path": str(notes), "folder": "outputs"},
+        {"op": "log_text", "run": key, "text": "# summary\n", "file": "summary.md"},
+        {"op": "log_dict", "run": key, "data": {"figures": {"loss": 0.5}, "note": None}, "file": "m.json"},
+        {"op": "update_run", "run": key, "status": "RUNNING"},
+        {"op": "set_terminated", "run": key, "status": "FINISHED", "end_time": int(time.time() * 1000)},
+    ]
+    path = outbox_of(tmp_path / "box.jsonl", store.uri, lines)
+    code, said = replay(path, capsys)
+    assert code == 0 and not path.exists(), said
+    (run,) = store.client.search_runs([store.experiment])
+    assert (run.info.run_name, run.info.status, run.data.params) == ("lost", "FINISHED", {"lr": "0.001"})
+    assert run.data.tags["phase"] == "a" and run.data.tags["gptpipe.record_key"] == key
+    assert [m.step for m in store.client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+    files = {
+        a.path for folder in ("", "outputs") for a in store.client.list_artifacts(run.info.run_id, folder)
+    }
+    assert {"outputs/notes.md", "summary.md", "m.json"} <= files

@@ -42,11 +42,11 @@ def test_the_lock_records_pid_host_and_start_time_and_empties_on_release(tmp_pat
     with RunLock(tmp_path / "run") as lock:
         holder = read_holder(tmp_path / "run")
         assert lock.held
-        assert holder["pid"] == os.getpid()
-        assert holder["host"] and holder["started_at"]
-        assert abs(holder["started_unix"] - time.time()) < 60
+        assert holder is not None and holder.pid == os.getpid()
+        assert holder.host and holder.started_at
+        assert abs((holder.started_unix or 0) - time.time()) < 60
     assert not lock.held
-    assert read_holder(tmp_path / "run") == {}
+    assert read_holder(tmp_path / "run") is None
     with RunLock(tmp_path / "run"):  # released means a next run may take it, without a warning
         pass
 
@@ -59,7 +59,7 @@ def test_a_second_run_is_refused_with_the_holders_pid_and_start_time(tmp_path: P
             RunLock(tmp_path).acquire()
         message = str(refused.value)
         assert f"PID {holder.pid}" in message
-        assert record["started_at"] in message
+        assert record is not None and record.started_at in message
         assert "in use by another training run" in message and "\n" not in message
     finally:
         holder.kill()
@@ -72,10 +72,10 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_warning(
     holder = _start_holder(tmp_path)
     os.kill(holder.pid, signal.SIGKILL)  # no chance to release: the record stays in the file
     holder.wait()
-    assert read_holder(tmp_path)["pid"] == holder.pid
+    assert read_holder(tmp_path).pid == holder.pid
     with caplog.at_level(logging.WARNING, logger="gptcore.checkpoint.lock"), RunLock(tmp_path) as lock:
-        assert lock.took_over is not None and lock.took_over["pid"] == holder.pid
-        assert read_holder(tmp_path)["pid"] == os.getpid()
+        assert lock.took_over is not None and lock.took_over.pid == holder.pid
+        assert read_holder(tmp_path).pid == os.getpid()
     warning = caplog.records[-1].getMessage()
     assert f"taking over the run lock left by PID {holder.pid}" in warning
 
@@ -123,5 +123,5 @@ def test_training_holds_the_lock_and_a_second_trainer_on_the_directory_is_refuse
         holder.kill()
         holder.wait()
     train(job)  # the holder is gone: the lock is taken over and released at the end
-    assert read_holder(tmp_path) == {}
+    assert read_holder(tmp_path) is None
     assert json.loads((tmp_path / "manifest.json").read_text())["checkpoints"]

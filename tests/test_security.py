@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from gptcore.checkpoint import files as ckpt
+from gptcore.checkpoint.record import CheckpointRecord
 from gptcore.errors import CheckpointError, ConfigError
 from tasks.params.loading import ParamsLoader, load_params
 
@@ -113,7 +114,7 @@ class Payload:
 
 def test_a_checkpoint_that_pickles_an_object_is_refused(tmp_path: Path) -> None:
     path, _ = ckpt.save_checkpoint(
-        tmp_path, "step-00000001", {"step": 1, "x": Payload()}, {"kind": "step", "step": 1}
+        tmp_path, "step-00000001", {"step": 1, "x": Payload()}, CheckpointRecord("step", 1)
     )
     with pytest.raises(
         CheckpointError, match=r"step-00000001.pt: checkpoint cannot be loaded \(UnpicklingError\)"

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, normalizers
 
 from gptcore.data import build as token_build
 from gptcore.data import shards as shard_files
-from gptcore.data.build import build_token_files, read_token_folder_manifest, token_files_fingerprint
+from gptcore.data.build import Budget, build_token_files, read_token_folder_manifest, token_files_fingerprint
 from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.data.corpus import SPLITS, Corpus, open_corpus
 from gptcore.data.documents import split_documents
@@ -73,19 +73,19 @@ def documents_in(path: str, end_of_text_id: int) -> list[np.ndarray]:
 
 
 def shard_hashes(manifest) -> dict[str, list[str]]:
-    return {split: [shard["sha256"] for shard in tokens.shards] for split, tokens in manifest.files.items()}
+    return {split: [shard.sha256 for shard in tokens.shards] for split, tokens in manifest.files.items()}
 
 
 def test_builds_every_split_as_shards_with_manifests_the_trainer_can_read(corpus, tokenizer, tmp_path):
     manifest = build_token_files(corpus, tokenizer, tmp_path, data=SMALL_SHARDS)
     folder = tmp_path / "tokens" / token_files_fingerprint(corpus.fingerprint, tokenizer, SMALL_SHARDS)
     assert Path(manifest.directory) == folder.resolve()
-    train_shards = [shard["file"] for shard in manifest.train.shards]
+    train_shards = [shard.file for shard in manifest.train.shards]
     assert train_shards[:2] == ["train-000000.bin", "train-000001.bin"] and len(train_shards) > 5
     names = sorted(child.name for child in folder.iterdir())
     assert names == sorted(
         ["manifest.json", *(f"{split}.manifest.json" for split in SPLITS)]
-        + [shard["file"] for split in manifest.files.values() for shard in split.shards]
+        + [shard.file for split in manifest.files.values() for shard in split.shards]
     )
     assert read_token_folder_manifest(folder) == manifest
     assert json.loads(json.dumps(manifest.to_dict()))["files"]["train"]["tokens"] == manifest.train.tokens
@@ -97,11 +97,11 @@ def test_builds_every_split_as_shards_with_manifests_the_trainer_can_read(corpus
         assert stream.manifest.split == split and stream.manifest.corpus_fingerprint == corpus.fingerprint
         assert stream.manifest.tokenizer_sha256 == tokenizer.sha256 == sha256_file(tokenizer.path)
         assert stream.manifest.document_count == len(texts) == tokens.documents
-        assert sum(shard["documents"] for shard in tokens.shards) == len(texts)
+        assert sum(shard.documents for shard in tokens.shards) == len(texts)
         assert len(stream) == stream.manifest.token_count == tokens.tokens
-        assert all(shard["tokens"] == 20_000 for shard in tokens.shards[:-1]), "the last holds the rest"
+        assert all(shard.tokens == 20_000 for shard in tokens.shards[:-1]), "the last holds the rest"
         for shard in tokens.shards:
-            assert sha256_file(folder / shard["file"]) == shard["sha256"]
+            assert sha256_file(folder / shard.file) == shard.sha256
         assert stream.manifest.text_bytes == sum(len(t.encode()) for t in texts) == tokens.text_bytes
         check_vocabulary(stream, tokenizer.vocab_size)
     assert manifest.tokens_per_second > 0 and manifest.resumed_at_unit == 0
@@ -118,7 +118,7 @@ def test_decoding_the_shards_gives_back_the_documents_across_shard_boundaries(co
             assert hf.decode(pieces[index][:-1].tolist()) == texts[index]
     stream = open_tokens(manifest.train.path).tokens
     whole = np.concatenate(
-        [np.fromfile(Path(manifest.directory) / s["file"], "<u2") for s in manifest.train.shards]
+        [np.fromfile(Path(manifest.directory) / s.file, "<u2") for s in manifest.train.shards]
     )
     across = np.array([[19_998, 19_999, 20_000, 20_001], [0, 39_999, 40_000, len(whole) - 1]])
     np.testing.assert_array_equal(stream[across], whole[across])
@@ -142,15 +142,10 @@ def test_budgets_keep_whole_documents_in_source_order_and_say_so(tokenizer, tmp_
         return build_token_files(open_corpus(cfg), tokenizer, tmp_path, data=data)
 
     whole = build()
-    assert whole.budget["cut_the_source"] is False
+    assert whole.budget is not None and whole.budget.cut_the_source is False
     by_documents = build(max_documents=20)
     assert sum(split.documents for split in by_documents.files.values()) == 20
-    assert by_documents.budget == {
-        "max_documents": 20,
-        "max_bytes": None,
-        "max_tokens": None,
-        "cut_the_source": True,
-    }
+    assert by_documents.budget == Budget(max_documents=20, cut_the_source=True)
     by_bytes = build(max_bytes=500_000)
     kept = sum(split.text_bytes for split in by_bytes.files.values())
     assert 500_000 <= kept < 500_000 + 120_000, "documents until the budget is reached, the last whole"

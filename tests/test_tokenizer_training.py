@@ -78,15 +78,15 @@ def test_learns_from_a_bounded_seeded_sample_of_the_train_split(tmp_path, monkey
         CorpusConfig(source="local", paths=paths, validation_fraction=0.3, test_fraction=0.2)
     )
     whole = train_tokenizer(corpus, SMALL, tmp_path / "whole")
-    assert whole.sample["sample_is_whole_train_split"] and whole.sample["sample_units"] == len(corpus.planned)
+    assert whole.sample.sample_is_whole_train_split and whole.sample.sample_units == len(corpus.planned)
 
     bounded = SMALL.model_copy(update={"sample_bytes": 60_000})
     sample = train_tokenizer(corpus, bounded, tmp_path / "bounded").sample
-    assert 60_000 <= sample["sample_bytes"] < whole.sample["sample_bytes"] / 3
-    assert sample["sample_units"] < len(corpus.planned) / 3 and not sample["sample_is_whole_train_split"]
+    assert 60_000 <= sample.sample_bytes < whole.sample.sample_bytes / 3
+    assert sample.sample_units < len(corpus.planned) / 3 and not sample.sample_is_whole_train_split
     assert train_tokenizer(corpus, bounded, tmp_path / "again").sample == sample, "seeded: the same sample"
     reseeded = train_tokenizer(corpus, bounded.model_copy(update={"sample_seed": 1}), tmp_path / "reseeded")
-    assert reseeded.sample["sample_sha256"] != sample["sample_sha256"]
+    assert reseeded.sample.sample_sha256 != sample.sample_sha256
     assert len({tokenizer_fingerprint(corpus.fingerprint, cfg) for cfg in (SMALL, bounded)}) == 2
 
 

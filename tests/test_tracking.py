@@ -23,7 +23,7 @@ from gptcore.train.records import (
 )
 from tasks.params.schema import TrackingConfig
 from tasks.results import StageResult
-from tasks.tracking import PipelineRecorder, RunWriter, TrackingSession, training_metadata
+from tasks.tracking import DeliverySettings, PipelineRecorder, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.callback import MLflowCallback
 from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.delivery.report import WriterReport
@@ -116,7 +116,8 @@ def fake_checkpoint(folder: Path, name: str, metadata: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.pt"
     path.write_bytes(b"weights of " + name.encode())
-    (folder / f"{name}.json").write_text(json.dumps({"metadata": dict(metadata), "step": 4}))
+    kind = name if name in ("best", "final") else "step"  # what every checkpoint record names
+    (folder / f"{name}.json").write_text(json.dumps({"kind": kind, "metadata": dict(metadata), "step": 4}))
     return path
 
 
@@ -268,7 +269,7 @@ def test_a_training_run_records_the_issue_names_checkpoints_and_the_run_id(
         "train",
         params={"model.profile": "tiny", "note": "key-that-must-not-leak"},
         system_metrics=False,
-        flush_seconds=0.05,
+        delivery=DeliverySettings(flush_seconds=0.05),
     )
     callback.on_start(startup())
     run_id = callback.run_id
@@ -374,8 +375,7 @@ def flaky_callback(session: TrackingSession, failures: int = 0, client: Any = No
         session.experiment_id,
         "flaky",
         system_metrics=False,
-        flush_seconds=0.05,
-        backoff_seconds=0.01,
+        delivery=DeliverySettings(flush_seconds=0.05, backoff_seconds=0.01),
         outbox=session.outbox,
     )
 
@@ -455,7 +455,7 @@ def test_system_metrics_are_recorded_while_training_runs(
     session: TrackingSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
-    callback = session.training_callback("system", flush_seconds=0.05)
+    callback = session.training_callback("system", delivery=DeliverySettings(flush_seconds=0.05))
     callback.on_start(startup())
     sampled = "system/cpu_utilization_percentage"
     until(lambda: sampled in session.client.get_run(callback.run_id).data.metrics, "a system sample logged")
@@ -465,13 +465,17 @@ def test_system_metrics_are_recorded_while_training_runs(
 
 
 def test_a_resume_continues_the_run_named_in_its_checkpoint(session: TrackingSession, tmp_path: Path) -> None:
-    first = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
+    first = session.training_callback(
+        "train", system_metrics=False, delivery=DeliverySettings(flush_seconds=0.05)
+    )
     first.on_start(startup())
     first.on_step(step(2, 5.0))
     checkpoint = fake_checkpoint(tmp_path / "ckpt", "step-00000002", first.metadata)
     first.on_failure("interrupted")
 
-    second = session.training_callback("train", system_metrics=False, flush_seconds=0.05)
+    second = session.training_callback(
+        "train", system_metrics=False, delivery=DeliverySettings(flush_seconds=0.05)
+    )
     second.on_start(startup(start_step=2, resumed_from=str(checkpoint), batch_size=2, grad_accum_steps=4))
     second.on_step(step(4, 4.0))
     second.on_end(SummaryRecord.from_dict({"steps": 4}))
@@ -548,22 +552,22 @@ def test_a_pipeline_training_stage_records_into_its_child_run(tmp_path: Path) ->
 
     params, path = pipeline_params(tmp_path)
     recorder = PipelineRecorder.start(params, path)
-    context = recorder.context("smoke")
-    train(three_step_job(tmp_path / "ckpt", training_metadata(context["callbacks"])), context["callbacks"][0])
+    callbacks = recorder.training_callbacks("smoke", params.model)
+    train(three_step_job(tmp_path / "ckpt", training_metadata(callbacks)), callbacks[0])
     run_id = recorder.record_stage(
         SimpleNamespace(
             name="smoke", state="completed", result=StageResult(fingerprint="f"), seconds=1.0, message=""
         )
     )
     recorder.finish(failed=False)
-    assert run_id == context["run_id"]
+    assert run_id == callbacks[0].run_id
     run = recorder.session.client.get_run(run_id)
     assert run.data.tags["mlflow.parentRunId"] == recorder.parent_run_id
     assert [s for s, _ in history(recorder.session, run_id, "train_loss")] == [1, 2, 3]
     assert {"val_loss", "unigram_val_loss", "elapsed_seconds", "tokens_per_second"} <= set(run.data.metrics)
     from gptcore.checkpoint.files import checkpoint_metadata
 
-    assert checkpoint_metadata(tmp_path / "ckpt" / "final.pt")["metadata"]["mlflow_run_id"] == run_id
+    assert checkpoint_metadata(tmp_path / "ckpt" / "final.pt").metadata["mlflow_run_id"] == run_id
 
 
 # --- `gptpipe train` --------------------------------------------------------------------------------
@@ -602,7 +606,7 @@ def test_gptpipe_train_records_its_run_and_a_resume_continues_it(
     params, path = pipeline_params(tmp_path)
     directory = tmp_path / "run"
     assert main(train_args(path, directory)) == 0
-    run_id = checkpoint_metadata(directory / "final.pt")["metadata"]["mlflow_run_id"]
+    run_id = checkpoint_metadata(directory / "final.pt").metadata["mlflow_run_id"]
     session = TrackingSession.open(params.tracking)
     run = session.client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -613,7 +617,7 @@ def test_gptpipe_train_records_its_run_and_a_resume_continues_it(
     assert run.data.params["model.profile"] == "tiny"
     assert run.data.params["optimizer.learning_rate"] == str(params.full.optimizer.learning_rate)
     assert main(train_args(path, directory, "--resume")) == 0  # resumes from final: nothing left to train
-    assert checkpoint_metadata(directory / "final.pt")["metadata"]["mlflow_run_id"] == run_id
+    assert checkpoint_metadata(directory / "final.pt").metadata["mlflow_run_id"] == run_id
     assert len(session.client.search_runs([session.experiment_id])) == 1
     capsys.readouterr()
 

@@ -27,7 +27,7 @@ from gptcore.train.callbacks import CallbackList, TrainingCallback
 from gptcore.train.records import StartupRecord, StepRecord
 from gptcore.train.trainer import train
 from tasks.params.schema import TrackingConfig
-from tasks.tracking import TrackingSession, training_metadata
+from tasks.tracking import DeliverySettings, TrackingSession, training_metadata
 from tasks.tracking.store import resolve_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -89,7 +89,10 @@ def test_a_server_stopped_at_the_start_and_midway_gets_every_record_in_order_whe
 ) -> None:
     session = TrackingSession.open(TrackingConfig(experiment="outage"))
     tracking = session.training_callback(
-        "outage", system_metrics=False, flush_seconds=0.1, probe_seconds=0.5, outbox=tmp_path / "outbox"
+        "outage",
+        system_metrics=False,
+        delivery=DeliverySettings(flush_seconds=0.1, probe_seconds=0.5),
+        outbox=tmp_path / "outbox",
     )
     outages = Outages(server, start_at={8, 24}, stop_at={16})
     job = three_step_job(tmp_path / "ckpt", training_metadata([tracking]))

@@ -13,7 +13,7 @@ from tracking_support import Waits, fresh_store, three_step_job
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from gptcore.train.trainer import train
 from tasks.params.schema import TrackingConfig
-from tasks.tracking import MLflowCallback, RunWriter, TrackingSession, training_metadata
+from tasks.tracking import DeliverySettings, MLflowCallback, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.delivery.operations import PARAM_VALUE_LIMIT
 from tasks.tracking.delivery.outbox import Outbox
 
@@ -83,7 +83,7 @@ def test_params_and_tags_are_redacted_truncated_and_sent_in_batches_mlflow_accep
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
     client = CountingClient(session.client)
-    writer = RunWriter(client, flush_seconds=0.05)
+    writer = RunWriter(client, delivery=DeliverySettings(flush_seconds=0.05))
     run_id = writer.create_run(session.experiment_id, "batches", {"note": "uses hf_secret_value"})
     params = {f"p{i:03d}": i for i in range(250)} | {"long": "x" * 9000, "secret": "hf_secret_value"}
     writer.log_params(run_id, params)
@@ -112,7 +112,7 @@ def test_a_store_lost_before_the_run_is_created_holds_nothing_and_its_run_is_cre
         session.experiment_id,
         "lost",
         system_metrics=False,
-        answer_seconds=0.5,
+        delivery=DeliverySettings(answer_seconds=0.5),
         outbox=tmp_path / "outbox",
     )
     job = three_step_job(tmp_path / "ckpt", training_metadata([callback]))
@@ -148,8 +148,7 @@ def test_a_store_lost_mid_run_costs_a_bounded_wait_and_its_records_wait_in_the_o
         session.experiment_id,
         "midway",
         system_metrics=False,
-        flush_seconds=0.05,
-        answer_seconds=0.5,
+        delivery=DeliverySettings(flush_seconds=0.05, answer_seconds=0.5),
         outbox=tmp_path / "outbox",
     )
     callback.on_start(StartupRecord.from_dict({"device": "cpu", "batch_size": 2}))
@@ -171,7 +170,9 @@ def test_metrics_beyond_the_memory_bound_spill_oldest_first_and_arrive_in_order_
 ) -> None:
     client = SwitchedClient(session.client)
     writer = RunWriter(
-        client, flush_seconds=0.01, probe_seconds=0.1, memory_records=100, outbox=tmp_path / "outbox"
+        client,
+        delivery=DeliverySettings(flush_seconds=0.01, probe_seconds=0.1, memory_records=100),
+        outbox=tmp_path / "outbox",
     )
     run_id = writer.create_run(session.experiment_id, "switched", {})
     assert not run_id.startswith("pending-")
@@ -227,7 +228,9 @@ def test_a_server_call_that_fails_is_retried_by_the_writer_alone(
     for name, value in HTTP_DEFAULTS.items():  # what gptpipe sets for a server store
         monkeypatch.setenv(name, value)
     client = MlflowClient(tracking_uri=f"http://127.0.0.1:{server.server_address[1]}")
-    writer = RunWriter(client, retries=2, backoff_seconds=0.01, probe_seconds=600, outbox=tmp_path)
+    writer = RunWriter(
+        client, delivery=DeliverySettings(retries=2, backoff_seconds=0.01, probe_seconds=600), outbox=tmp_path
+    )
     try:
         assert writer.ask("experiment", client.get_experiment, "0") is None
         deadline = time.monotonic() + 60

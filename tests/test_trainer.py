@@ -299,4 +299,4 @@ def test_periodic_best_and_final_checkpoints_are_reported(tmp_path: Path) -> Non
     assert summary.final_checkpoint == str(tmp_path / "final.pt") and summary.checkpoint_save_seconds > 0
     from gptcore.checkpoint.files import checkpoint_metadata
 
-    assert checkpoint_metadata(tmp_path / "final.pt")["metadata"]["mlflow_run_id"] == "abc"
+    assert checkpoint_metadata(tmp_path / "final.pt").metadata["mlflow_run_id"] == "abc"

@@ -68,7 +68,7 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
     from gptcore.train.job import TrainJob
     from gptcore.train.trainer import train
     from tasks.params.schema import TrackingConfig
-    from tasks.tracking import TrackingSession, training_metadata
+    from tasks.tracking import DeliverySettings, TrackingSession, training_metadata
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     paths = [str(stdlib / "json" / "*.py"), str(stdlib / "email" / "*.py")]
@@ -80,7 +80,9 @@ def tracked_training(folder: Path, experiment: str = "models") -> tuple[object, 
     store = TrackingConfig(uri=fresh_store(folder), artifact_root=str(folder / "art"), experiment=experiment)
     session = TrackingSession.open(store)
     datasets = {"train": tokens.train.path, "validation": tokens.validation.path}
-    callback = session.training_callback("train", system_metrics=False, flush_seconds=0.05, datasets=datasets)
+    callback = session.training_callback(
+        "train", system_metrics=False, delivery=DeliverySettings(flush_seconds=0.05), datasets=datasets
+    )
     train(
         TrainJob(
             model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=400),

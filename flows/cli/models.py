@@ -19,8 +19,12 @@ from flows.cli.tracking import is_loopback
 from gptcore.errors import GptpipeError
 
 if TYPE_CHECKING:
+    from gptcore.data.tokenfile import TokenStream
+    from gptcore.eval.quant_tradeoff import TradeoffRow
     from gptcore.export.model_files import ModelFiles
+    from gptcore.model.gpt import GPT
     from gptcore.serving.app import CompletionServer
+    from tasks.params.schema import PipelineParams
     from tasks.tracking.models.test_split import ChosenSplit
 
 
@@ -37,9 +41,8 @@ def import_command(
 
     from gptcore.errors import ConfigError
     from gptcore.tools.fingerprint import sha256_file
-    from tasks.tracking import TrackingSession
+    from tasks.tracking import ParentRun
     from tasks.tracking.models.model_uri import HF, hf_model_files
-    from tasks.tracking.models.registry import register_imported
 
     if not model.startswith(HF):
         raise ConfigError(f"gptpipe import {model}: expected hf:FOLDER or hf:HUB_ID (a GPT-2 in HF's format)")
@@ -48,13 +51,9 @@ def import_command(
         files = hf_model_files(model, Path(scratch))
         lineage = {"source": model, "weights_sha256": sha256_file(files.weights),
                    "tokenizer_sha256": sha256_file(files.tokenizer)}  # fmt: skip
-        session = TrackingSession.open(params.tracking)
-        client, experiment = session.client, session.experiment_id
-        run = client.create_run(
-            experiment, run_name=f"import-{name}", tags={"kind": "import", **lineage}
-        ).info
-        registration = register_imported(client, experiment, run.run_id, name, files, lineage)
-        client.set_terminated(run.run_id)
+        run = ParentRun.open(params.tracking, f"import-{name}", {"kind": "import", **lineage})
+        registration = run.register_imported(name, files, lineage)
+        run.finish()
     uri = f"models:/{name}/{registration.model_version}"
     print(json.dumps({"registered_model": name, "model_version": registration.model_version, "model_uri": uri,
                       "alias": registration.alias, **lineage}))  # fmt: skip
@@ -71,11 +70,10 @@ def models_command(
     @champion is settled first, so the list names who holds it, whatever a run cut short left."""
     import json
 
-    from tasks.tracking.models.listing import registered_versions, versions_table
-    from tasks.tracking.store import connect, resolve_target
+    from tasks.tracking.models.listing import list_versions, versions_table
 
     _, params = resolve_params(params_file, iteration, [])
-    versions = registered_versions(connect(resolve_target(params.tracking)), name)
+    versions = list_versions(params.tracking, name)
     if as_json:
         for version in versions:
             print(json.dumps(version.to_dict()))
@@ -102,8 +100,6 @@ def benchmark_command(
 
     from gptcore.errors import ConfigError
     from gptcore.eval.benchmarks import BenchmarkRequest, check_folder, run_benchmarks
-    from gptcore.export.model_files import read_model_files
-    from tasks.tracking.models.model_uri import model_files_of
 
     chosen = tuple(task.strip() for task in tasks.split(",") if task.strip())
     if not chosen:
@@ -112,10 +108,9 @@ def benchmark_command(
     _, params = resolve_params(params_file, iteration, [])
     request = BenchmarkRequest(chosen, include_path, limit, num_fewshot, batch_size)
     with tempfile.TemporaryDirectory(prefix="gptpipe-benchmark-") as scratch:
-        files = model_files_of(model, params.tracking, into=Path(scratch))
-        if files.method != "fp32":
-            raise ConfigError(f"--model {model}: a {files.method} model; the harness scores the fp32 one")
-        trained = read_model_files(files.weights, files.config, source=f"--model {model}")
+        trained, files = _fp32_model(
+            model, params, Path(scratch), "a {} model; the harness scores the fp32 one"
+        )
         scores = run_benchmarks(trained, files.tokenizer, [request])
     print(json.dumps({"model": model, "tasks": scores.tasks, "lm_eval": version("lm_eval")}))
 
@@ -137,15 +132,16 @@ def merge_command(
     import json
 
     from gptcore.checkpoint.load import choose_checkpoint
-    from gptcore.checkpoint.merge import MERGED, merge_checkpoint, write_adapter
+    from gptcore.checkpoint.merge import MERGED
     from gptcore.errors import ConfigError
+    from tasks.stages.merge import merge_adapted
 
     if (checkpoint_directory is None) == (checkpoint_file is None):
         raise ConfigError("gptpipe merge: give one of --checkpoint-directory or --checkpoint-file")
     path = checkpoint_file or choose_checkpoint(checkpoint_directory, checkpoint)
     folder = output or path.parent / MERGED
-    merged = merge_checkpoint(path, folder)
-    adapter = write_adapter(path, folder / f"{path.stem}-adapter")
+    done = merge_adapted([path], folder, path, folder / f"{path.stem}-adapter")
+    merged, adapter = done.checkpoints[0], done.adapter
     print(json.dumps({"merged": str(merged.resolve()), "adapter": str(adapter.resolve()), "from": str(path)}))
 
 
@@ -297,28 +293,19 @@ def export_command(
         raise ConfigError("gptpipe export: give one of --checkpoint-directory, --checkpoint-file or --model")
     with tempfile.TemporaryDirectory(prefix="gptpipe-model-") as scratch:  # a downloaded model's files
         if model is not None:
-            from gptcore.export.model_files import read_model_files
-            from tasks.tracking.models.model_uri import model_files_of
-
             _, params = resolve_params(params_file, iteration, [])
-            files = model_files_of(model, params.tracking, into=Path(scratch))
-            if files.method != "fp32":
-                raise ConfigError(
-                    f"--model {model}: a {files.method} model; the Hugging Face export takes the fp32 one "
-                    "(the checkpoint it was quantized from)"
-                )
-            trained, tokenizer_path = (
-                read_model_files(files.weights, files.config, source=f"--model {model}"),
-                tokenizer or files.tokenizer,
+            refusal = (
+                "a {} model; the Hugging Face export takes the fp32 one "
+                "(the checkpoint it was quantized from)"
             )
+            trained, files = _fp32_model(model, params, Path(scratch), refusal)
+            folder = export_hf(trained, Path(tokenizer or files.tokenizer), output, force=force)
         else:
-            from gptcore.checkpoint.load import choose_checkpoint, load_model
-            from gptcore.export.model_files import checkpoint_tokenizer
+            from gptcore.checkpoint.load import choose_checkpoint
+            from tasks.stages.export import export_checkpoint
 
             path = checkpoint_file or choose_checkpoint(checkpoint_directory, checkpoint)
-            trained, record = load_model(path)
-            tokenizer_path = tokenizer or checkpoint_tokenizer(record)
-        folder = export_hf(trained, Path(tokenizer_path), output, force=force)
+            folder = export_checkpoint(path, output, tokenizer, force=force)
     print(json.dumps({"format": format_, "output": str(folder.resolve()), "source": str(sources[0])}))
 
 
@@ -345,12 +332,9 @@ def quantize_command(
 
     from gptcore.errors import ConfigError
     from gptcore.eval.config import QuantizationMethod
-    from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown, write_tradeoff
-    from gptcore.export.model_files import read_model_files
-    from gptcore.model.quantization import cpu_features
     from gptcore.tools.fingerprint import sha256_file
     from tasks.params.loading import choice
-    from tasks.tracking.models.model_uri import model_files_of
+    from tasks.stages.quantize import measure_quantized
     from tasks.tracking.models.test_split import split_tags
 
     _, params = resolve_params(params_file, iteration, [])
@@ -360,45 +344,52 @@ def quantize_command(
     if not chosen:
         raise ConfigError(f"--methods {methods!r}: expected {METHODS_HELP}")
     with tempfile.TemporaryDirectory(prefix="gptpipe-model-") as scratch:  # a downloaded model's files
-        files = model_files_of(model, params.tracking, into=Path(scratch))
-        if files.method != "fp32":
-            raise ConfigError(
-                f"--model {model}: already {files.method}; quantize the fp32 model it came from"
-            )
-        trained = read_model_files(files.weights, files.config, source=f"--model {model}")
+        refusal = "already {}; quantize the fp32 model it came from"
+        trained, files = _fp32_model(model, params, Path(scratch), refusal)
         data_root = Path(params.paths.data_root)
         chosen_split = _test_split(model, params, test_tokens, files.tokenizer, data_root)
         test = _test_stream(chosen_split.path, files.tokenizer, trained.config.vocab_size)
         folder = output or Path(params.paths.checkpoint_root) / f"quantized-{sha256_file(files.weights)[:16]}"
         settings = params.quantize.model_copy(update={"methods": chosen})
-        rows = measure_tradeoff(trained, chosen, test, files.tokenizer, settings, params.evaluate, folder)
-    machine = cpu_features()
-    write_tradeoff(rows, machine, folder)
-    print(tradeoff_markdown(rows, machine), file=sys.stderr)
+        measured = measure_quantized(
+            trained, chosen, test, files.tokenizer, settings, params.evaluate, folder
+        )
+    print(measured.table(), file=sys.stderr)
     split = split_tags(chosen_split.path)
-    registered = _register_tradeoff(model, params, rows, folder, split) if register else {}
+    registered = _register_tradeoff(model, params, measured.rows, folder, split) if register else {}
     summary = {"model": model, "output": str(folder.resolve()), "registered": registered}
-    print(json.dumps({**summary, "rows": [row.to_dict() for row in rows]}))
+    print(json.dumps({**summary, "rows": [row.to_dict() for row in measured.rows]}))
+
+
+def _fp32_model(model: str, params: PipelineParams, scratch: Path, refusal: str) -> tuple[GPT, ModelFiles]:
+    """The fp32 model `--model` names, read from its files (a logged model's downloaded into `scratch`),
+    and those files; a quantized one is refused: `--model MODEL: <refusal>`, its method put in for `{}`."""
+    from gptcore.errors import ConfigError
+    from gptcore.export.model_files import read_model_files
+    from tasks.tracking.models.model_uri import model_files_of
+
+    files = model_files_of(model, params.tracking, into=scratch)
+    if files.method != "fp32":
+        raise ConfigError(f"--model {model}: {refusal.format(files.method)}")
+    return read_model_files(files.weights, files.config, source=f"--model {model}"), files
 
 
 def _test_split(
-    model: str, params: object, given: Path | None, tokenizer: Path, data_root: Path
+    model: str, params: PipelineParams, given: Path | None, tokenizer: Path, data_root: Path
 ) -> ChosenSplit:
     """The test split to measure `model` on (`test_split.own_split`: its own unless `--test-tokens` says
     otherwise), and a line on stderr naming it."""
     from gptcore.data.tokenfile import find_test_tokens
     from tasks.tracking.models.model_uri import recorded_split
     from tasks.tracking.models.test_split import own_split
-    from tasks.tracking.store import connect, resolve_target
 
-    in_store = model.startswith("models:/")  # a folder or hf: names no split: no store to ask
-    recorded = recorded_split(connect(resolve_target(params.tracking)), model) if in_store else {}
+    recorded = recorded_split(model, params.tracking)
     chosen = own_split(model, recorded, given, data_root, lambda: find_test_tokens(tokenizer, data_root))
     print(f"quantize: {chosen.line}", file=sys.stderr)
     return chosen
 
 
-def _test_stream(path: Path, tokenizer: Path, vocab_size: int) -> object:
+def _test_stream(path: Path, tokenizer: Path, vocab_size: int) -> TokenStream:
     """The held-out test tokens at `path`, checked to be made with the model's tokenizer."""
     from gptcore.data.tokenfile import check_tokenizer, open_tokens
 
@@ -408,32 +399,24 @@ def _test_stream(path: Path, tokenizer: Path, vocab_size: int) -> object:
 
 
 def _register_tradeoff(
-    model: str, params: object, rows: list, folder: Path, split: dict[str, str]
+    model: str, params: PipelineParams, rows: list[TradeoffRow], folder: Path, split: dict[str, str]
 ) -> dict[str, str]:
     """The table on a new run beside the one that trained the model (its experiment), and each quantized
     model a version of the registered model `model` names (nothing for a logged model's id or a folder):
     each method's URI."""
-    from tasks.tracking.models.model_uri import registered_version
-    from tasks.tracking.models.quantized import record_tradeoff
-    from tasks.tracking.store import connect, resolve_target
+    from tasks.tracking.models.quantized import register_tradeoff
 
-    client = connect(resolve_target(params.tracking))
-    source = registered_version(client, model)
-    if source is None or "checkpoint_sha256" not in source.tags or not source.run_id:
+    may_win = params.quantize.may_hold_champion
+    done = register_tradeoff(params.tracking, model, rows, folder, may_win, split)
+    if done is None:
         print(f"{model}: not a registered fp32 version, so nothing is registered", file=sys.stderr)
         return {}
-    experiment = client.get_run(source.run_id).info.experiment_id
-    run_id = client.create_run(experiment, run_name="quantize", tags={"source_model": model}).info.run_id
-    folders = {row.method: str(folder / row.method) for row in rows if row.measured}
-    table = [row.to_dict() for row in rows]
-    digest, may_win = source.tags["checkpoint_sha256"], params.quantize.may_hold_champion
-    try:
-        done = record_tradeoff(
-            client, experiment, run_id, source.name, table, folders, digest, may_win, split=split
-        )
-    finally:
-        client.set_terminated(run_id)
     for found in done.values():
         if found.not_compared:
-            print(f"{source.name} version {found.model_version}: {found.not_compared}", file=sys.stderr)
-    return {method: f"models:/{source.name}/{found.model_version}" for method, found in done.items()}
+            print(
+                f"{found.registered_model} version {found.model_version}: {found.not_compared}",
+                file=sys.stderr,
+            )
+    return {
+        method: f"models:/{found.registered_model}/{found.model_version}" for method, found in done.items()
+    }

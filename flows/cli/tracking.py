@@ -6,7 +6,7 @@ import ipaddress
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,6 +16,11 @@ from gptcore.errors import ConfigError
 from gptcore.runtime.config import ConcretePrecision
 from tasks.params.loading import choice
 from tasks.params.schema import PipelineParams
+
+if TYPE_CHECKING:
+    from gptcore.eval.comparison import Limits
+    from tasks.tracking.delivery.outbox import Outbox
+    from tasks.tracking.store import TrackingTarget
 
 
 def is_loopback(host: str) -> bool:
@@ -27,7 +32,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def server_command(target: Any, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
+def server_command(target: TrackingTarget, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
     """`mlflow server` over a local store: its database, and artifacts served from the store's root."""
     artifacts = target.artifact_location or Path("mlruns/artifacts").resolve().as_uri()
     return [
@@ -79,20 +84,17 @@ def ui_command(
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
-def runs_page(target: Any, experiment: str, base: str) -> str:
+def runs_page(target: TrackingTarget, experiment: str, base: str) -> str:
     """The runs table of `experiment` in the UI at `base` over a local store, shown as model training;
     the UI's home page while the store has no such experiment (nothing recorded yet)."""
     if target.database is None or not target.database.exists():
         return base  # no store yet: opening it here would create it
-    from mlflow import MlflowClient
+    from tasks.tracking.store import experiment_id_named
 
-    try:
-        found = MlflowClient(tracking_uri=target.uri).get_experiment_by_name(experiment)
-    except Exception:  # an unreachable or unreadable store: the UI itself will say so
-        found = None
+    found = experiment_id_named(target, experiment)  # None from a store that cannot be read: the UI says why
     if found is None:
         return base
-    return f"{base.rstrip('/')}/#/experiments/{found.experiment_id}/runs?{MODEL_TRAINING_VIEW}"
+    return f"{base.rstrip('/')}/#/experiments/{found}/runs?{MODEL_TRAINING_VIEW}"
 
 
 def open_when_answering(base: str, page: str, seconds: float = 120.0) -> None:
@@ -176,7 +178,7 @@ def _compare_recorded(params: PipelineParams, runs: str, axis: str) -> None:
 
 
 def _compare_in_memory(
-    params: PipelineParams, axis: str, chosen: list[str] | None, limits: Any, batch_size: int | None,
+    params: PipelineParams, axis: str, chosen: list[str] | None, limits: Limits, batch_size: int | None,
     precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
 ) -> None:  # fmt: skip
     """Both sides trained in this process; nothing recorded (`--no-track`)."""
@@ -192,7 +194,7 @@ def _compare_in_memory(
 
 
 def _compare_in_a_flow(
-    path: Path, overrides: list[str], axis: str, chosen: list[str] | None, limits: Any,
+    path: Path, overrides: list[str], axis: str, chosen: list[str] | None, limits: Limits,
     batch_size: int | None, precision: str | None, sources: tuple[Path | None, Path | None, Path | None],
 ) -> None:  # fmt: skip
     """Both sides trained by the `compare` flow, recorded in MLflow."""
@@ -231,8 +233,8 @@ def replay_command(
     for, in order, each once; what the store refuses stays in the file, listed (exit 1)."""
 
     from tasks.tracking.delivery.outbox import Outbox
-    from tasks.tracking.delivery.replay import replay
-    from tasks.tracking.store import TrackingError, connect, redact, resolve_target
+    from tasks.tracking.delivery.replay import replay_into
+    from tasks.tracking.store import TrackingError, redact, resolve_target
 
     if not outbox.exists():
         raise ConfigError(f"{outbox}: not found (an outbox file, as a run's warning named it)")
@@ -241,9 +243,7 @@ def replay_command(
     box = Outbox.open(outbox)
     os.environ["MLFLOW_TRACKING_URI"] = _replay_store(box, tracking_uri)  # resolve_target's first choice
     target = resolve_target()
-    client = connect(target)
-    _check_experiments(client, box, redact(target.uri))
-    report = replay(client, box)
+    report = replay_into(target, box)
     shown = redact(target.uri)
     skipped = f"; {report.skipped_records} skipped ({report.last_error})" if report.skipped_records else ""
     print(f"sent {report.delivered_late} records ({report.sent_metrics} metric values) to {shown}{skipped}")
@@ -259,7 +259,7 @@ def replay_command(
         )
 
 
-def _replay_store(box: Any, given: str | None) -> str:
+def _replay_store(box: Outbox, given: str | None) -> str:
     """The store a replay sends to: `--tracking-uri`, else the one the outbox was written for.
     MLFLOW_TRACKING_URI never silently replaces it (experiment ids are the store's own)."""
     from tasks.tracking.store import redact
@@ -282,18 +282,3 @@ def _replay_store(box: Any, given: str | None) -> str:
         f"{box.path}: the store it was written for is not recorded in full ({recorded or 'none'}); "
         "pass --tracking-uri"
     )
-
-
-def _check_experiments(client: Any, box: Any, shown: str) -> None:
-    """Every experiment the outbox creates runs in must be live in the store: else nothing is sent."""
-    wanted = {str(r["experiment_id"]) for r in box.remaining() if r.get("op") in ("create_run", "log_model")}
-    for experiment_id in sorted(wanted):
-        try:
-            experiment = client.get_experiment(experiment_id)
-        except Exception:  # MLflow names a missing experiment in many kinds
-            experiment = None
-        if experiment is None or experiment.lifecycle_stage != "active":
-            raise ConfigError(
-                f"{box.path}: its runs belong to experiment {experiment_id}, which {shown} does not hold "
-                "(deleted, or another store); nothing was sent"
-            )

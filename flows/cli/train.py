@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import typer
+from pydantic import JsonValue
 
 from flows.cli.options import batch_size_value, command_of, json_lines_only, nproc_value, resolve_params
 from gptcore.errors import ConfigError
@@ -22,6 +23,21 @@ from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.records import StartupRecord
 from tasks.params.loading import choice
 from tasks.params.schema import PipelineParams, TrainingStage
+
+if TYPE_CHECKING:
+    from gptcore.data.tokenfile import TokenStream
+
+
+class JobFields(TypedDict):
+    """What `gptpipe train` gives `launch_training` beside the parameter file (`TrainJob`'s fields): token
+    sources are files, synthetic streams (`--synthetic`) or none (`--dry-run`)."""
+
+    train_tokens: Path | TokenStream | None
+    validation_tokens: Path | TokenStream | None
+    checkpoint_directory: Path
+    resume: bool
+    dry_run: bool
+    tokenizer: Path | None
 
 
 def device_command(
@@ -39,7 +55,7 @@ def device_command(
         print(f"{key:24} {value}")
 
 
-def parameter_overrides(stage: str, flags: dict[str, Any]) -> list[str]:
+def parameter_overrides(stage: str, flags: dict[str, JsonValue]) -> list[str]:
     """Command-line flags as `key.path=value` overrides of the parameter file."""
     runtime_keys = {
         "device": "device",
@@ -66,8 +82,8 @@ def training_callbacks(
     stage: str,
     track: bool = False,
     params_file: Path | None = None,
-    job_fields: dict[str, Any] | None = None,
-) -> list[Any]:
+    job_fields: JobFields | None = None,
+) -> list[TrainingCallback]:
     """The callbacks `gptpipe train` runs with: JSON lines (a progress bar and the summary line alone for a
     person at a terminal: `gptpipe.progress_bar`), and with `track` the MLflow run (the store is
     checked here, so an unreachable tracking server stops the command before any training), which
@@ -75,7 +91,7 @@ def training_callbacks(
     from gptcore.train.json_lines import JsonLinesCallback
     from tasks.progress_bar import ProgressBar, wants_progress_bar
 
-    callbacks: list[Any] = (
+    callbacks: list[TrainingCallback] = (
         [ProgressBar(stage), JsonLinesCallback(events=("summary", "failure"))]
         if wants_progress_bar()
         else [JsonLinesCallback()]
@@ -89,8 +105,10 @@ def training_callbacks(
         tags = {"stage": stage, "kind": "training", "source": "gptpipe train"}
         inputs = [params_file] if params_file else []
         run_name = f"{stage}-{run_label(params, params_file)}"
-        fields = job_fields or {}
-        datasets = {"train": fields.get("train_tokens"), "validation": fields.get("validation_tokens")}
+        train, validation = (
+            (job_fields["train_tokens"], job_fields["validation_tokens"]) if job_fields else (None, None)
+        )
+        datasets = {"train": train, "validation": validation}
         callback = session.training_callback(
             run_name,
             tags=tags,
@@ -116,7 +134,7 @@ def _token_sources(
     train_tokens: Path | None,
     validation_tokens: Path | None,
     synthetic: bool,
-) -> tuple[Any, Any]:
+) -> tuple[Path | TokenStream | None, Path | TokenStream | None]:
     if train_tokens is not None or not synthetic:
         return train_tokens, validation_tokens
     from gptcore.data.synthetic import synthetic_stream
@@ -229,7 +247,7 @@ def train_command(o: TrainOptions) -> None:
     if sources[0] is None and not o.dry_run:
         raise ConfigError("--train-tokens: a training token file is required (or --synthetic, or --dry-run)")
     run_name = f"{Path(path).stem}-{o.stage}"
-    job_fields = dict(
+    job_fields = JobFields(
         train_tokens=sources[0],
         validation_tokens=sources[1],
         checkpoint_directory=o.checkpoint_directory or Path(params.paths.checkpoint_root) / run_name,
@@ -268,7 +286,7 @@ def generate_command(
     else:
         from gptcore.generate import generate_text
 
-        result = generate_text(
+        generated = generate_text(
             checkpoint_directory,
             prompt,
             tokenizer,
@@ -278,12 +296,13 @@ def generate_command(
             seed,
             checkpoint,
         )
+        result = asdict(generated)
     print(json.dumps(result) if as_json else prompt + result["completion"])
 
 
 def _generate_from_model(
     uri: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int
-) -> dict[str, Any]:
+) -> dict[str, str]:
     """A completion from the model `uri` names (a logged or registered model, `hf:...`), its files read
     as data: the MLflow model's own code is not run."""
     import tempfile

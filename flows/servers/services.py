@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gptcore.errors import ConfigError
-from gptcore.tools.processes import ProcessTree, StopRequested, on_parent_death, stop_requests
+from gptcore.tools.processes import ProcessTree, StopRequested, on_parent_death, start_group, stop_requests
 
 
 @dataclass
@@ -46,17 +46,11 @@ class Service:
     def start(self, lines: queue.Queue) -> None:
         death_signal = self.death_signal
         env = {**(os.environ if self.env is None else self.env), "PYTHONSAFEPATH": "1"}  # inherited down
-        process = subprocess.Popen(
+        process = start_group(  # a group of its own: stopped as a whole, in our order
             self.command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env=env,
-            cwd=self.cwd,
+            env,
+            self.cwd,
             user=self.user,
-            start_new_session=True,  # a group of its own: stopped as a whole, in our order
             preexec_fn=lambda: on_parent_death(death_signal),  # in the child, its user set, before exec
         )
         self.tree = ProcessTree(process)

@@ -21,18 +21,20 @@ import os
 import random
 import time
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from gptcore.checkpoint.record import FORMAT_VERSION, CheckpointManifest, CheckpointRecord, ManifestEntry
 from gptcore.errors import CheckpointError, first_line
 from gptcore.tools.atomic import temporary_sibling, write_atomic
 from gptcore.tools.disk_space import disk_full, is_disk_full
 from gptcore.tools.fingerprint import sha256_file
+from gptcore.tools.records import Settings
 
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # In a record published over another checkpoint of its name: the replaced content's record, readable
 # until the new weights' rename ends the publishing (kept after it only by a kill in between).
@@ -40,13 +42,16 @@ PREVIOUS = "previous"
 # Fault injection for the kill tests: seconds to sleep inside each checkpoint file write, after the
 # temporary file is written and before it is renamed, so a test can kill the process mid-write.
 WRITE_DELAY_ENV = "GPTPIPE_FAULT_CHECKPOINT_WRITE_DELAY"
+# What a `.pt` file holds: torch's state dicts (the model's, the optimizer's, ...), RNG states, the step;
+# tensors and plain values, loaded with `weights_only=True`. Free-form: each part's owner reads its own.
+State = dict[str, Any]
 log = logging.getLogger(__name__)
 
 
 # --- RNG states in forms weights_only loading accepts ---------------------------------------------
 
 
-def capture_rng() -> dict[str, Any]:
+def capture_rng() -> State:
     version, state, gauss = random.getstate()
     kind, keys, position, has_gauss, cached = np.random.get_state()
     return {
@@ -63,7 +68,7 @@ def capture_rng() -> dict[str, Any]:
     }
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: State) -> None:
     python = state["python"]
     random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
     numpy = state["numpy"]
@@ -102,7 +107,7 @@ def _write_json(target: Path, value: Any) -> None:
     _atomic_write(target, lambda handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode()))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -125,22 +130,27 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
+def read_manifest(directory: Path) -> CheckpointManifest:
     """The folder's manifest, its entries confined to the folder: an entry whose name or file is not a
     plain name there (`../x`, an absolute path) is dropped with a warning, never deleted or loaded."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        return {"format_version": FORMAT_VERSION, "checkpoints": {}}
+        return CheckpointManifest()
     manifest = _read_json(path)
-    entries = manifest.get("checkpoints")
+    entries = manifest.get("checkpoints") if isinstance(manifest, dict) else None
     if not isinstance(entries, dict):
         raise CheckpointError(f"{path}: its checkpoints are not a mapping of names to entries")
-    for name, entry in list(entries.items()):
+    kept = {}
+    for name, entry in entries.items():
         file = entry.get("file") if isinstance(entry, dict) else None
         if not (_plain_name(name) and isinstance(file, str) and file == f"{name}.pt"):
             log.warning("warning: %s: entry %r names no file of this folder (%r); ignored", path, name, file)
-            del entries[name]
-    return manifest
+            continue
+        try:
+            kept[name] = ManifestEntry(file, entry["sha256"], entry["step"], entry["kind"])
+        except KeyError as missing:
+            raise CheckpointError(f"{path}: entry {name!r} lacks {missing}") from None
+    return CheckpointManifest(kept, manifest.get("format_version", FORMAT_VERSION))
 
 
 def _plain_name(name: object) -> bool:
@@ -149,7 +159,7 @@ def _plain_name(name: object) -> bool:
 
 
 def save_checkpoint(
-    directory: Path, name: str, state: dict[str, Any], record: dict[str, Any], keep_last: int | None = None
+    directory: Path, name: str, state: State, record: CheckpointRecord, keep_last: int | None = None
 ) -> tuple[Path, float]:
     """Write `<name>.pt`, its sidecar and the manifest; then prune periodic checkpoints beyond
     `keep_last`. Returns (path, seconds taken). A failing write leaves the previous files intact."""
@@ -160,8 +170,8 @@ def save_checkpoint(
         directory.mkdir(parents=True, exist_ok=True)
         sidecar = _publish(path, state, record)
         manifest = read_manifest(directory)
-        manifest["checkpoints"][name] = {k: sidecar[k] for k in ("file", "sha256", "step", "kind")}
-        _write_json(directory / MANIFEST, manifest)
+        manifest.checkpoints[name] = ManifestEntry.of(sidecar)
+        _write_json(directory / MANIFEST, asdict(manifest))
         _fsync_directory(directory)
     except OSError as error:
         _forget_unlisted(directory, name)
@@ -177,31 +187,41 @@ def save_checkpoint(
     return path, time.perf_counter() - started
 
 
-def _publish(path: Path, state: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+def _publish(path: Path, state: State, record: CheckpointRecord) -> CheckpointRecord:
     """Write `path` and its record as one unit; returns the record. The weights are written to their
     temporary name, then the record (with the replaced content's, `previous`), then the weights renamed
     into place: until that rename the old checkpoint reads whole, after it the new one. The record is
     then written again without `previous`, which a kill before it leaves, harmless."""
     previous = _current_record(path)
-    sidecar: dict[str, Any] = {}
+    published: list[CheckpointRecord] = []
 
     def record_then_rename() -> None:  # the weights complete under their temporary name
         staged = temporary_sibling(path)
-        sidecar.update(record, name=path.stem, file=path.name, sha256=sha256_file(staged))
-        sidecar.update(bytes=staged.stat().st_size, format_version=FORMAT_VERSION, written_at=time.time())
+        sidecar = replace(
+            record,
+            name=path.stem,
+            file=path.name,
+            sha256=sha256_file(staged),
+            bytes=staged.stat().st_size,
+            format_version=FORMAT_VERSION,
+            written_at=time.time(),
+        )
+        published.append(sidecar)
+        written = sidecar.to_dict()
         _write_json(
-            path.with_suffix(".json"), sidecar if previous is None else {**sidecar, PREVIOUS: previous}
+            path.with_suffix(".json"),
+            written if previous is None else {**written, PREVIOUS: previous.to_dict()},
         )
         _fsync_directory(path.parent)  # the record on disk before the weights it describes replace the old
         _write_delay()
 
     _atomic_write(path, lambda handle: torch.save(state, handle), before_rename=record_then_rename)
     if previous is not None:
-        _write_json(path.with_suffix(".json"), sidecar)
-    return sidecar
+        _write_json(path.with_suffix(".json"), published[0].to_dict())
+    return published[0]
 
 
-def _current_record(path: Path) -> dict[str, Any] | None:
+def _current_record(path: Path) -> CheckpointRecord | None:
     """The record of the content `path` holds now, kept readable while it is replaced; None without one."""
     if not path.is_file():
         return None
@@ -215,7 +235,7 @@ def _forget_unlisted(directory: Path, name: str) -> None:
     """After a failed save: remove the files of `name` that reached their place before the manifest
     listed them (a new checkpoint's), so a full disk gets its space back and the folder reads as before."""
     try:
-        listed = name in read_manifest(directory)["checkpoints"]
+        listed = name in read_manifest(directory).checkpoints
     except CheckpointError:
         return
     if not listed:
@@ -237,14 +257,15 @@ def state_bytes(state: Any) -> int:
 def _prune(directory: Path, keep_last: int) -> None:
     manifest = read_manifest(directory)
     periodic = sorted(
-        (entry["step"], name) for name, entry in manifest["checkpoints"].items() if entry["kind"] == "step"
+        (entry.step, name) for name, entry in manifest.checkpoints.items() if entry.kind == "step"
     )
     doomed = [name for _, name in periodic[:-keep_last]]
     if not doomed:
         return
     for name in doomed:
-        del manifest["checkpoints"][name]
-    _write_json(directory / MANIFEST, manifest)  # forget first, then delete: never list a missing file
+        del manifest.checkpoints[name]
+    # Forget first, then delete: never list a missing file.
+    _write_json(directory / MANIFEST, asdict(manifest))
     for name in doomed:
         (directory / f"{name}.pt").unlink(missing_ok=True)
         (directory / f"{name}.json").unlink(missing_ok=True)
@@ -254,10 +275,9 @@ def resume_candidates(directory: Path | None) -> list[Path]:
     """Periodic and final checkpoints the manifest lists and that exist, newest (highest step) first."""
     if directory is None or not Path(directory).is_dir():
         return []
-    entries = read_manifest(Path(directory))["checkpoints"].values()
+    entries = read_manifest(Path(directory)).checkpoints.values()
     ranked = sorted(
-        ((e["step"], e["kind"] == "final", e["file"]) for e in entries if e["kind"] in ("step", "final")),
-        reverse=True,
+        ((e.step, e.kind == "final", e.file) for e in entries if e.kind in ("step", "final")), reverse=True
     )
     return [Path(directory) / file for _, _, file in ranked if (Path(directory) / file).is_file()]
 
@@ -274,7 +294,7 @@ LOAD_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, IndexError, Attrib
 
 
 def resume_from(
-    directory: Path | None, restore: Callable[[Path, dict[str, Any], dict[str, Any]], None]
+    directory: Path | None, restore: Callable[[Path, CheckpointRecord, State], None]
 ) -> Path | None:
     """Hand the newest checkpoint that loads to `restore(path, record, state)` and return its path.
     Newest first, a candidate is skipped when its record is missing or of another format, its content
@@ -308,21 +328,22 @@ def resume_from(
     return None
 
 
-def load_latest_valid(directory: Path | None) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+def load_latest_valid(directory: Path | None) -> tuple[Path, CheckpointRecord, State] | None:
     """(path, record, state) of the newest checkpoint that reads whole (see `resume_from`)."""
-    found: list[tuple[Path, dict[str, Any], dict[str, Any]]] = []
+    found: list[tuple[Path, CheckpointRecord, State]] = []
     path = resume_from(directory, lambda *loaded: found.append(loaded))
     return found[0] if path is not None else None
 
 
-def _check_format(path: Path, record: dict[str, Any]) -> None:
+def _check_format(path: Path, record: CheckpointRecord) -> None:
     """A record this gptpipe reads: its format version and the keys a resume needs."""
-    version = record.get("format_version")
+    version = record.format_version
     if version != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: its record is in checkpoint format {version}; this gptpipe reads {FORMAT_VERSION}"
         )
-    missing = [key for key in ("step", "config", "sha256") if key not in record]
+    needed = {"step": record.step, "config": record.config, "sha256": record.sha256}
+    missing = [key for key, value in needed.items() if value is None]
     if missing:
         raise CheckpointError(f"{path}: its record lacks {', '.join(missing)} (an older or foreign format)")
 
@@ -332,7 +353,7 @@ def named_checkpoint(directory: Path, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def checkpoint_metadata(path: Path) -> dict[str, Any]:
+def checkpoint_metadata(path: Path) -> CheckpointRecord:
     """The record of the checkpoint's content: step, epoch, kind, fingerprint, config, model config,
     metadata, sha256; no tensors. Its sidecar, or, while a publishing is in flight or was cut short (the
     sidecar carries `previous`), the one of the two records whose sha256 the file holds: only then is the
@@ -346,11 +367,11 @@ def checkpoint_metadata(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{sidecar}: unreadable checkpoint record (not a mapping)")
     previous = record.pop(PREVIOUS, None)
     if isinstance(previous, dict) and path.is_file() and sha256_file(path) == previous.get("sha256"):
-        return previous
-    return record
+        return CheckpointRecord.from_dict(previous, sidecar)
+    return CheckpointRecord.from_dict(record, sidecar)
 
 
-def load_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
+def load_checkpoint(path: Path, verify: bool = True) -> State:
     """The state dict of a checkpoint, its content checked against the sha256 its record holds."""
     path = Path(path)
     if not path.is_file():
@@ -372,14 +393,14 @@ def damage(path: Path) -> str | None:
         record = checkpoint_metadata(path)
         if not Path(path).is_file():
             return f"{path}: checkpoint not found"
-        if record.get("sha256") != sha256_file(path):
+        if record.sha256 != sha256_file(path):
             return f"{path}: checkpoint is corrupted (content sha256 differs from its record)"
     except CheckpointError as error:
         return str(error)
     return None
 
 
-def config_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def config_differences(stored: Settings, current: Settings) -> list[str]:
     """Keys whose values differ (or exist on one side only), as `key: stored -> current`."""
     keys = sorted(set(stored) | set(current))
     return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in keys if stored.get(k) != current.get(k)]

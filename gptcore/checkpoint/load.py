@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from gptcore.checkpoint import files as ckpt
+from gptcore.checkpoint.record import CheckpointRecord
 from gptcore.errors import CheckpointError
 from gptcore.export.model_files import WEIGHTS, ModelFiles, checkpoint_tokenizer, with_config
-from gptcore.finetune.start import lora_of
-from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 
 # What each choice tries before the periodic and final checkpoints the manifest lists, newest first.
@@ -56,14 +54,14 @@ def whole_checkpoint(directory: Path, name: str = "auto") -> tuple[Path, list[st
     raise CheckpointError(f"{directory}: no whole checkpoint there: {'; '.join(passed_over)}")
 
 
-def load_model(path: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any]]:
+def load_model(path: Path, device: str = "cpu") -> tuple[GPT, CheckpointRecord]:
     record = plain_record(path)
-    model = GPT(ModelConfig.model_validate(record["model_config"]))
+    model = GPT(record.architecture(path))
     model.load_state_dict(ckpt.load_checkpoint(path)["model"])
     return model.to(device).eval(), record
 
 
-def plain_record(path: Path) -> dict[str, Any]:
+def plain_record(path: Path) -> CheckpointRecord:
     """The record of a checkpoint that holds a plain model; a CheckpointError naming the merge for a LoRA
     fine-tune's adapted checkpoint."""
     record = ckpt.checkpoint_metadata(path)
@@ -75,12 +73,12 @@ def plain_record(path: Path) -> dict[str, Any]:
     return record
 
 
-def holds_adapters(record: dict[str, Any]) -> bool:
+def holds_adapters(record: CheckpointRecord) -> bool:
     """Whether a checkpoint's record is a LoRA run's, whose model is adapted, not merged."""
-    return lora_of(record.get("config", {})) is not None
+    return record.adapted
 
 
-def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, dict]:
+def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, CheckpointRecord]:
     """A checkpoint's model files and its record. The weights are written without building
     the model: no arithmetic on tensors, so the thread that calls this (the tracking writer's)
     never starts an OpenMP team of its own, which would slow every later torch call of the process's
@@ -88,7 +86,7 @@ def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, 
     from safetensors.torch import save_file
 
     record = plain_record(checkpoint)
-    config = ModelConfig.model_validate(record["model_config"])
+    config = record.architecture(checkpoint)
     state = ckpt.load_checkpoint(checkpoint)["model"]
     if config.tie_embeddings:  # tied to `lm_head.weight`: once, as `save_model` keeps it
         state.pop("transformer.wte.weight", None)

@@ -12,10 +12,9 @@ import logging
 import socket
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from gptcore.errors import CheckpointError
-from gptcore.tools.locks import HeldLock, describe, read_record
+from gptcore.tools.locks import UNREADABLE, HeldLock, LockHolder, read_record
 from gptcore.tools.processes import process_alive
 
 LOCK_NAME = "run.lock"
@@ -30,7 +29,7 @@ class RunLock:
         self.directory = Path(directory)
         self.path = self.directory / LOCK_NAME
         self._lock = HeldLock(self.path)
-        self.took_over: dict[str, Any] | None = None  # the dead holder's record, when one was found
+        self.took_over: LockHolder | None = None  # the dead holder's record, when one was found
 
     @property
     def held(self) -> bool:
@@ -47,7 +46,7 @@ class RunLock:
         if not taken:
             raise CheckpointError(
                 f"{self.directory}: checkpoint directory is in use by another training run "
-                f"({describe(self._lock.holder())}); wait for it to end or pass another "
+                f"({(self._lock.holder() or UNREADABLE).describe()}); wait for it to end or pass another "
                 "--checkpoint-directory"
             )
         previous = self._lock.holder()
@@ -63,16 +62,16 @@ class RunLock:
     def release(self) -> None:
         self._lock.release()
 
-    def _warn_take_over(self, previous: dict[str, Any]) -> None:
+    def _warn_take_over(self, previous: LockHolder) -> None:
         self.took_over = previous
         state = "no longer running"
-        same_host = previous.get("host") == socket.gethostname()
-        if same_host and isinstance(previous.get("pid"), int) and process_alive(previous["pid"]):
+        same_host = previous.host == socket.gethostname()
+        if same_host and isinstance(previous.pid, int) and process_alive(previous.pid):
             state = "not holding its lock (its PID is in use again)"
         log.warning(
             "warning: %s: taking over the run lock left by %s, which is %s",
             self.directory,
-            describe(previous),
+            previous.describe(),
             state,
         )
 
@@ -85,6 +84,6 @@ class RunLock:
         self.release()
 
 
-def read_holder(directory: Path | str) -> dict[str, Any]:
-    """The record of a directory's lock holder ({} when free or absent); for messages and tests."""
+def read_holder(directory: Path | str) -> LockHolder | None:
+    """The record of a directory's lock holder (None when free or absent); for messages and tests."""
     return read_record(Path(directory) / HOLDER_NAME)

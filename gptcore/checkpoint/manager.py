@@ -21,22 +21,26 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from gptcore.checkpoint import files as ckpt
+from gptcore.checkpoint.files import State
 from gptcore.checkpoint.lock import RunLock
+from gptcore.checkpoint.record import CheckpointRecord
 from gptcore.checkpoint.writer import CheckpointWriter, Written, snapshot
 from gptcore.distributed.group import agree_on_int
 from gptcore.errors import CheckpointError
+from gptcore.model.config import ModelConfig
 from gptcore.tools.fingerprint import code_version
+from gptcore.tools.records import Settings
 
 log = logging.getLogger(__name__)
 
 
 class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> State: ...
 
 
 class Position(Stateful, Protocol):
@@ -47,7 +51,7 @@ class Position(Stateful, Protocol):
     @property
     def epoch(self) -> int: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: State) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -65,18 +69,39 @@ class TrainingParts:
 class RunIdentity:
     """What every checkpoint record of a run carries: the config a resume must match, and more."""
 
-    config: dict[str, Any]  # the trajectory-determining config (gptcore.train.setup.trajectory_settings)
-    fingerprint: str
-    model_config: dict[str, Any]
-    metadata: dict[str, Any]  # live: the MLflow callback fills in its run id when the run starts
-    tokenizer: str | None = None
+    config: Settings  # the trajectory-determining config (gptcore.train.setup.trajectory_settings)
+    fingerprint: str  # the run's (gptcore.train.setup)
+    model_config: ModelConfig  # the model's architecture
+    metadata: dict[str, str]  # live: the MLflow callback fills in its run id when the run starts
+    tokenizer: str | None = None  # the tokenizer's path, when the job names one
 
-    def record_metadata(self) -> dict[str, Any]:
+    def record_metadata(self) -> dict[str, str]:
         """The metadata as a checkpoint records it now: the run id, when tracked; the tokenizer."""
         metadata = dict(self.metadata)
         if self.tokenizer is not None:
             metadata.setdefault("tokenizer", self.tokenizer)
         return metadata
+
+
+@dataclass(frozen=True)
+class Losses:
+    """The losses a checkpoint's record carries: the latest of each, None before the first."""
+
+    train_loss: float | None
+    val_loss: float | None
+
+
+@dataclass(frozen=True)
+class CheckpointFigures:
+    """What the run's checkpoints cost and left: the summary's figures under their record names."""
+
+    checkpoint_save_seconds: float  # spent writing, in all
+    checkpoint_stall_seconds: float  # the training loop's wait: snapshots, and writes before them
+    checkpoint_wait_seconds: float  # of the stall, waiting for a write in flight
+    checkpoint_saves: int  # checkpoints taken
+    final_checkpoint: str | None  # the paths written, None where none was
+    best_checkpoint: str | None
+    latest_checkpoint: str | None
 
 
 class Checkpointer:
@@ -123,7 +148,7 @@ class Checkpointer:
         """A periodic checkpoint after this step (the end writes `final` instead)."""
         return step % self.every == 0 and step < planned_steps
 
-    def save(self, kind: str, losses: dict[str, float | None]) -> Path | None:
+    def save(self, kind: str, losses: Losses) -> Path | None:
         """Checkpoint `kind` (step, best or final) of the run as it is now, its record carrying `losses`
         (train_loss, val_loss): a snapshot now, the file written in the background (`finished` reports
         it). Returns the path it will have; None where this process writes none."""
@@ -143,17 +168,18 @@ class Checkpointer:
                 "fingerprint": identity.fingerprint,
             }
         )
-        record = {
-            "kind": kind,
-            "step": step,
-            "epoch": parts.state.epoch,
-            "fingerprint": identity.fingerprint,
-            "config": identity.config,
-            "model_config": identity.model_config,
-            "metadata": identity.record_metadata(),
-            **losses,
-            "code_version": code_version(),
-        }
+        record = CheckpointRecord(
+            kind,
+            step,
+            parts.state.epoch,
+            identity.fingerprint,
+            identity.config,
+            identity.model_config,
+            identity.record_metadata(),
+            losses.train_loss,
+            losses.val_loss,
+            code_version(),
+        )
         name = ckpt.step_name(step) if kind == "step" else kind
         keep = self.keep_last if kind == "step" else None
         directory = self.directory
@@ -188,15 +214,17 @@ class Checkpointer:
                 self.last_good = str(written.path)
         return done
 
-    def figures(self) -> dict[str, Any]:
-        """The summary's checkpoint figures, by their record names: time spent, and the paths written."""
-        return {
-            "checkpoint_save_seconds": self.seconds,
-            "checkpoint_stall_seconds": self.stall_seconds,
-            "checkpoint_wait_seconds": self.wait_seconds,
-            "checkpoint_saves": self.saves,
-            **{f"{kind}_checkpoint": self.saved.get(kind) for kind in ("final", "best", "latest")},
-        }
+    def figures(self) -> CheckpointFigures:
+        """The summary's checkpoint figures: time spent, and the paths written."""
+        return CheckpointFigures(
+            self.seconds,
+            self.stall_seconds,
+            self.wait_seconds,
+            self.saves,
+            self.saved.get("final"),
+            self.saved.get("best"),
+            self.saved.get("latest"),
+        )
 
     def restore(self, device: str = "cpu") -> Path | None:
         """Load the newest checkpoint that loads into the parts and the RNGs (newer ones that do not are
@@ -210,8 +238,8 @@ class Checkpointer:
         self.parts.state.step = agree_on_int(self.parts.state.step, "the resume step", device)
         return path
 
-    def _restore_from(self, path: Path, record: dict[str, Any], state: dict[str, Any]) -> None:
-        differences = ckpt.config_differences(record.get("config", {}), self.identity.config)
+    def _restore_from(self, path: Path, record: CheckpointRecord, state: State) -> None:
+        differences = ckpt.config_differences(record.config or {}, self.identity.config)
         if differences:
             raise CheckpointError(
                 f"--resume: {path} was written with a different configuration: " + "; ".join(differences)

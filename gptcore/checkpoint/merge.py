@@ -15,22 +15,20 @@ the base's W plus the adapters would not.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from gptcore.checkpoint import files as ckpt
+from gptcore.checkpoint.record import CheckpointRecord, MergedFrom
 from gptcore.errors import CheckpointError
 from gptcore.finetune.config import LoRAConfig, QLoRAConfig
 from gptcore.finetune.lora import adapter_weights, merge_lora
-from gptcore.finetune.start import adapt, lora_of
-from gptcore.model.config import ModelConfig
+from gptcore.finetune.start import adapt
 from gptcore.model.gpt import GPT
 
 MERGED = "merged"  # the folder, in a LoRA run's checkpoint folder, of its merged checkpoints
 ADAPTER = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-# What a checkpoint's record says of the file it was written as: the merged one says its own.
-_WRITTEN = ("name", "file", "sha256", "bytes", "format_version", "written_at")
 
 
 def merge_checkpoint(checkpoint: Path, folder: Path) -> Path:
@@ -39,14 +37,14 @@ def merge_checkpoint(checkpoint: Path, folder: Path) -> Path:
     checkpoint = Path(checkpoint)
     record = ckpt.checkpoint_metadata(checkpoint)
     settings = adapters_of(checkpoint, record)
-    model = GPT(ModelConfig.model_validate(record["model_config"]))
+    model = GPT(record.architecture(checkpoint))
     adapt(model, settings)  # QLoRA: quantized layers of the right shapes, which the load fills in
     model.load_state_dict(ckpt.load_checkpoint(checkpoint)["model"])
     merge_lora(model)
-    config = {key: value for key, value in record.get("config", {}).items() if not key.startswith("lora.")}
-    plain = {key: value for key, value in record.items() if key not in _WRITTEN}
-    source = {"checkpoint": str(checkpoint.resolve()), "sha256": record["sha256"], **settings.model_dump()}
-    plain.update(config=config, merged_from=source)
+    config = {key: value for key, value in (record.config or {}).items() if not key.startswith("lora.")}
+    source = MergedFrom(str(checkpoint.resolve()), record.sha256 or "", settings)
+    # The record says what it was merged from; the file it is written as, its own (the writing says).
+    plain = replace(record.unpublished(), config=config, merged_from=source)
     path, _ = ckpt.save_checkpoint(folder, checkpoint.stem, {"model": model.state_dict()}, plain)
     return path
 
@@ -67,15 +65,15 @@ def write_adapter(checkpoint: Path, folder: Path) -> Path:
     described = {
         "method": method,
         **settings.model_dump(),
-        "base_weights_sha256": record["config"].get("init.weights_sha256"),
+        "base_weights_sha256": (record.config or {}).get("init.weights_sha256"),
     }
     (folder / ADAPTER_CONFIG).write_text(json.dumps(described, indent=2), encoding="utf-8")
     return folder / ADAPTER
 
 
-def adapters_of(checkpoint: Path, record: dict[str, Any]) -> LoRAConfig:
+def adapters_of(checkpoint: Path, record: CheckpointRecord) -> LoRAConfig:
     """The LoRA settings an adapted checkpoint trained with; a CheckpointError for a plain one."""
-    settings = lora_of(record.get("config", {}))
+    settings = record.adapters
     if settings is None:
         raise CheckpointError(f"{checkpoint}: a plain model's checkpoint, no LoRA adapters in it to merge")
     return settings

@@ -29,25 +29,25 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from filelock import FileLock
 
 from gptcore.data import encode_worker
 from gptcore.data.config import DataConfig
-from gptcore.data.corpus import Corpus, SplitStats
+from gptcore.data.corpus import Corpus, SourceRecord, SplitStats
 from gptcore.data.documents import SPLITS
 from gptcore.data.encode_worker import EncoderMismatch, EncodeSettings, UnitTokens
 from gptcore.data.encoders import workers as cores
 from gptcore.data.progress import DataProgress
-from gptcore.data.shards import SplitShards
+from gptcore.data.shards import Shard, ShardsState, SplitShards
 from gptcore.data.tokenfile import FORMAT_VERSION, TokenFileManifest, dtype_for_vocab, write_manifest
 from gptcore.data.tokenizer import TokenizerManifest
 from gptcore.errors import ConfigError, DataError, DiskFullError
 from gptcore.tools.atomic import publish_directory, remove_abandoned, write_json_atomic
 from gptcore.tools.disk_space import free_bytes, is_disk_full, megabytes
 from gptcore.tools.fingerprint import code_version_of, fingerprint
+from gptcore.tools.records import JSONObject, known_fields
 
 ENCODERS = ("auto", "tiktoken", "tokenizers")
 FOLDER_MANIFEST = "manifest.json"
@@ -67,8 +67,22 @@ class SplitTokens:
     tokens: int
     documents: int
     text_bytes: int = 0  # the split's documents in UTF-8: the denominator of bits per byte
-    replaced_bytes: int = 0
-    shards: list[dict[str, Any]] = field(default_factory=list)
+    replaced_bytes: int = 0  # bytes of invalid UTF-8 replaced in its documents
+    shards: list[Shard] = field(default_factory=list)  # in order
+
+    @classmethod
+    def from_dict(cls, data: JSONObject) -> SplitTokens:
+        return cls(**{**data, "shards": [Shard(**shard) for shard in data.get("shards", [])]})
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The limits a build ran under (None: none), and whether they cut the source short."""
+
+    max_documents: int | None = None  # corpus.max_documents
+    max_bytes: int | None = None  # corpus.max_bytes
+    max_tokens: int | None = None  # data.max_tokens: train tokens
+    cut_the_source: bool = False  # a limit was reached before the source ended
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,8 @@ class TokenFolderManifest:
     shard_tokens: int = 0
     workers: int = 1
     empty_documents_skipped: int = 0
-    source: dict[str, Any] = field(default_factory=dict)  # Corpus.to_dict()
-    budget: dict[str, Any] = field(default_factory=dict)  # the limits, and whether they cut the source
+    source: SourceRecord | None = None  # the corpus (on disk {} where a build recorded none)
+    budget: Budget | None = None  # the limits, and whether they cut the source (the same)
     resumed_at_unit: int = 0  # 0: built from the start
 
     @property
@@ -110,13 +124,37 @@ class TokenFolderManifest:
     def test(self) -> SplitTokens:
         return self.files["test"]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> JSONObject:
+        return {**asdict(self), "source": _or_empty(self.source), "budget": _or_empty(self.budget)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TokenFolderManifest:
-        files = {name: SplitTokens(**value) for name, value in data["files"].items()}
-        return cls(**{**data, "files": files})
+    def from_dict(cls, data: JSONObject) -> TokenFolderManifest:
+        files = {name: SplitTokens.from_dict(value) for name, value in data["files"].items()}
+        source = SourceRecord(**data["source"]) if data.get("source") else None
+        budget = Budget(**known_fields(Budget, data["budget"])) if data.get("budget") else None
+        return cls(**{**data, "files": files, "source": source, "budget": budget})
+
+
+def _or_empty(record: SourceRecord | Budget | None) -> dict[str, object]:
+    return asdict(record) if record is not None else {}
+
+
+@dataclass
+class Journal:
+    """`progress.json`: how far an unfinished build went, what a resumed one carries on from."""
+
+    key: str  # the folder's fingerprint
+    encoder_asked: str  # the encoder the build was asked for (a build asked for another starts over)
+    encoder: str  # the one encoding
+    next_unit: int = 0  # the first unit not yet appended
+    cut: bool = False  # a budget ended the source
+    tally: Tally = field(default_factory=lambda: Tally())  # what was kept up to `next_unit`
+    splits: dict[str, ShardsState] = field(default_factory=dict)  # each split's shards then
+
+    @classmethod
+    def from_dict(cls, data: JSONObject) -> Journal:
+        splits = {split: ShardsState.from_dict(state) for split, state in data["splits"].items()}
+        return cls(**{**data, "tally": Tally(**data["tally"]), "splits": splits})
 
 
 def _code_version() -> str:
@@ -281,20 +319,18 @@ class _Build:
     def run(self, encoder: str) -> TokenFolderManifest:
         started = time.perf_counter()
         journal = self._journal(encoder)
-        self.encoder_name = (
-            journal["encoder"] if journal["encoder"] != "auto" else expected_encoder(self.tokenizer)
-        )
-        tally = Tally(**{name: value for name, value in journal["tally"].items()})
-        resumed_at = journal["next_unit"]
+        self.encoder_name = journal.encoder if journal.encoder != "auto" else expected_encoder(self.tokenizer)
+        tally = journal.tally
+        resumed_at = journal.next_unit
         writers = {
             split: SplitShards(
-                self.building, split, self.data.shard_tokens, self.dtype, journal["splits"].get(split)
+                self.building, split, self.data.shard_tokens, self.dtype, journal.splits.get(split)
             )
             for split in SPLITS
         }
         settings = EncodeSettings(
             tokenizer_path=self.tokenizer.path,
-            encoder=journal["encoder_asked"],
+            encoder=journal.encoder_asked,
             verify_fraction=self.verify_fraction,
             end_of_text_id=self.tokenizer.end_of_text_id,
             vocab_size=self.tokenizer.vocab_size,
@@ -306,11 +342,11 @@ class _Build:
         last_entry = time.perf_counter()
         try:
             with encoding(settings, self.workers) as encode:
-                for result in encode([] if journal["cut"] else self.corpus.units(skip=resumed_at)):
-                    journal["encoder"] = self.encoder_name = result.encoder
+                for result in encode([] if journal.cut else self.corpus.units(skip=resumed_at)):
+                    journal.encoder = self.encoder_name = result.encoder
                     cut = self._append(result, tally, writers)
                     new_tokens += sum(len(ids) for ids in result.ids.values())
-                    journal["next_unit"] = result.index + 1
+                    journal.next_unit = result.index + 1
                     progress.update(tally.documents, tally.source_bytes, tally.tokens, new_tokens)
                     if result.index == resumed_at:
                         self._check_space(tally)
@@ -318,7 +354,7 @@ class _Build:
                         self._write_journal(journal, tally, writers)
                         last_entry = time.perf_counter()
                     if cut:
-                        journal["cut"] = True
+                        journal.cut = True
                         break
         finally:
             progress.close()
@@ -326,30 +362,22 @@ class _Build:
 
     # -- the journal --
 
-    def _journal(self, encoder: str) -> dict[str, Any]:
+    def _journal(self, encoder: str) -> Journal:
         """The entry of an unfinished build of this folder, or a fresh folder and entry."""
         path = self.building / JOURNAL
         if path.is_file():
-            with contextlib.suppress(json.JSONDecodeError, OSError, KeyError):
-                entry = json.loads(path.read_text(encoding="utf-8"))
-                if entry["key"] == self.key and entry["encoder_asked"] == encoder:
+            with contextlib.suppress(json.JSONDecodeError, OSError, KeyError, TypeError, AttributeError):
+                entry = Journal.from_dict(json.loads(path.read_text(encoding="utf-8")))
+                if entry.key == self.key and entry.encoder_asked == encoder:
                     return entry
         shutil.rmtree(self.building, ignore_errors=True)
         self.building.mkdir(parents=True)
-        return {
-            "key": self.key,
-            "encoder_asked": encoder,
-            "encoder": encoder,
-            "next_unit": 0,
-            "cut": False,
-            "tally": asdict(Tally()),
-            "splits": {},
-        }
+        return Journal(self.key, encoder, encoder)
 
-    def _write_journal(self, journal: dict[str, Any], tally: Tally, writers: dict[str, SplitShards]) -> None:
-        journal["splits"] = {split: writer.sync() for split, writer in writers.items()}
-        journal["tally"] = asdict(tally)
-        write_json_atomic(self.building / JOURNAL, journal)
+    def _write_journal(self, journal: Journal, tally: Tally, writers: dict[str, SplitShards]) -> None:
+        journal.splits = {split: writer.sync() for split, writer in writers.items()}
+        journal.tally = tally
+        write_json_atomic(self.building / JOURNAL, asdict(journal))
 
     # -- one unit --
 
@@ -404,7 +432,7 @@ class _Build:
 
     def _finish(
         self,
-        journal: dict[str, Any],
+        journal: Journal,
         tally: Tally,
         writers: dict[str, SplitShards],
         started: float,
@@ -414,14 +442,14 @@ class _Build:
         stats = self._stats(tally)
         files = {}
         for split, writer in writers.items():
-            shards = [shard.to_dict() for shard in writer.finish()]
-            digest = hashlib.sha256("".join(shard["sha256"] for shard in shards).encode()).hexdigest()
+            shards = writer.finish()
+            digest = hashlib.sha256("".join(shard.sha256 for shard in shards).encode()).hexdigest()
             files[split] = SplitTokens(
                 split=split,
                 path=str(self.final / f"{split}.manifest.json"),
                 manifest_path=str(self.final / f"{split}.manifest.json"),
                 sha256=digest,
-                tokens=sum(shard["tokens"] for shard in shards),
+                tokens=sum(shard.tokens for shard in shards),
                 documents=stats[split].documents,
                 text_bytes=stats[split].bytes,
                 replaced_bytes=stats[split].replaced_bytes,
@@ -447,13 +475,10 @@ class _Build:
             shard_tokens=self.data.shard_tokens,
             workers=self.workers,
             empty_documents_skipped=tally.empty,
-            source=self.corpus.to_dict(),
-            budget={
-                "max_documents": self.corpus.cfg.max_documents,
-                "max_bytes": self.corpus.cfg.max_bytes,
-                "max_tokens": self.data.max_tokens,
-                "cut_the_source": bool(journal.get("cut")),
-            },
+            source=self.corpus.record(),
+            budget=Budget(
+                self.corpus.cfg.max_documents, self.corpus.cfg.max_bytes, self.data.max_tokens, journal.cut
+            ),
             resumed_at_unit=resumed_at,
         )
         self._write_manifests(manifest)

@@ -17,7 +17,7 @@ import os
 import sysconfig
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +70,24 @@ class Corpus:
             if unit.index >= skip:
                 yield unit
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "fingerprint": self.fingerprint,
-            "source": self.source,
-            "format": self.reading.format,
-            "units": len(self.planned) if self.planned is not None else None,
-            "source_bytes": self.source_bytes,
-        }
+    def record(self) -> SourceRecord:
+        """What the token folder's manifest records of its corpus."""
+        units = len(self.planned) if self.planned is not None else None
+        return SourceRecord(self.fingerprint, self.source, self.reading.format, units, self.source_bytes)
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        return asdict(self.record())
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """A corpus as the token folder's manifest records it (`source`: its keys the fields' names)."""
+
+    fingerprint: str  # the corpus's
+    source: str  # for people: builtin:..., local:paths, hub:name/config:split
+    format: str  # how its files read: text, jsonl, parquet, stream
+    units: int | None  # the units planned (None for a stream)
+    source_bytes: int | None  # what they cover in all (None for a stream)
 
 
 # --- finding files ----------------------------------------------------------------------------------
@@ -151,9 +161,9 @@ def _source_files(cfg: CorpusConfig) -> tuple[list[Path], str]:
 # --- fingerprints -----------------------------------------------------------------------------------
 
 
-def _settings(cfg: CorpusConfig, file_format: str) -> dict[str, Any]:
+def _settings(cfg: CorpusConfig, file_format: str) -> dict[str, str | int | float | None]:
     """What, besides the contents, decides the documents and their split."""
-    settings = {
+    settings: dict[str, str | int | float | None] = {
         "format": file_format,
         "validation_fraction": cfg.validation_fraction,
         "test_fraction": cfg.test_fraction,

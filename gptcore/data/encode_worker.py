@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gptcore.data.documents import SPLITS, Reading, Unit, split_documents
 from gptcore.errors import DataError
+
+if TYPE_CHECKING:  # the encoders load with the worker (`start`), not with this module
+    from gptcore.data.encoders import Encoder
 
 VERIFY_MAX_CHARACTERS = 1 << 16
 DOCUMENT_RECORD = np.dtype([("split", "u1"), ("tokens", "<u4"), ("bytes", "<u8"), ("replaced", "<u4")])
@@ -50,7 +53,16 @@ class UnitTokens:
     encoder: str
 
 
-_state: dict[str, Any] = {}
+@dataclass(frozen=True)
+class _Worker:
+    """What `start` built in this process, for each unit it encodes."""
+
+    settings: EncodeSettings
+    encoder: Encoder  # the chosen encoder
+    reference: Encoder | None  # encode_batch_fast, to check a fast encoder against; None: the one chosen
+
+
+_state: list[_Worker] = []  # this process's, once started
 
 
 def start(settings: EncodeSettings, in_process: bool = False) -> None:
@@ -70,16 +82,16 @@ def start(settings: EncodeSettings, in_process: bool = False) -> None:
         if settings.encoder == "tokenizers"
         else make_encoder(settings.tokenizer_path, settings.encoder)
     )
-    _state.update(settings=settings, encoder=chosen, reference=reference if chosen is not reference else None)
+    _state[:] = [_Worker(settings, chosen, reference if chosen is not reference else None)]
 
 
 def encoder_name() -> str:
-    return _state["encoder"].name
+    return _state[0].encoder.name
 
 
 def encode_unit(unit: Unit) -> UnitTokens:
-    settings: EncodeSettings = _state["settings"]
-    encoder, reference = _state["encoder"], _state["reference"]
+    worker = _state[0]
+    settings, encoder, reference = worker.settings, worker.encoder, worker.reference
     texts: dict[str, list[str]] = {split: [] for split in SPLITS}
     records: list[tuple[int, int, int, int]] = []
     empty = 0

@@ -22,7 +22,11 @@ class DataProgress:
         self.total_bytes = total_bytes
         self.started = time.perf_counter()
         self.start_bytes = done_bytes
-        self.figures: dict[str, Any] = {"documents": 0, "source_bytes": done_bytes, "tokens": 0}
+        self.figures: dict[str, int | float | None] = {
+            "documents": 0,
+            "source_bytes": done_bytes,
+            "tokens": 0,
+        }
         self.json = json_only()
         self.last_json = self.started
         self.bar: Any = None

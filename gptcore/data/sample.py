@@ -11,12 +11,32 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from gptcore.data.corpus import Corpus
 from gptcore.data.documents import split_documents
+from gptcore.tools.records import known_fields
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """What the tokenizer's manifest records of its sample (its keys the fields' names; a manifest
+    written before the sample was recorded has none: every field None)."""
+
+    sample_documents: int | None = None  # train documents read
+    sample_bytes: int | None = None  # their UTF-8 bytes
+    sample_units: int | None = None  # units of the corpus they came from
+    sample_sha256: str | None = None  # of the documents' hashes in the order read
+    sample_is_whole_train_split: bool | None = None  # every train document of the corpus is in it
+
+    def to_dict(self) -> dict[str, str | int | bool]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str | int | bool]) -> SampleRecord:
+        return cls(**known_fields(cls, data))
 
 
 @dataclass
@@ -34,14 +54,8 @@ class Sample:
     def sha256(self) -> str:
         return self.digest.hexdigest()
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "sample_documents": self.documents,
-            "sample_bytes": self.bytes,
-            "sample_units": self.units,
-            "sample_sha256": self.sha256,
-            "sample_is_whole_train_split": self.whole_split,
-        }
+    def record(self) -> SampleRecord:
+        return SampleRecord(self.documents, self.bytes, self.units, self.sha256, self.whole_split)
 
 
 def sample_texts(corpus: Corpus, budget: int, seed: int, sample: Sample) -> Iterator[list[str]]:

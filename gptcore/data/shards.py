@@ -11,29 +11,52 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gptcore.errors import DataError
+from gptcore.tools.records import JSONObject
 
 PARTIAL = ".partial"
 
 
 @dataclass(frozen=True)
 class Shard:
-    """One complete shard file of a split, as the folder manifest lists it."""
+    """One complete shard file of a split, as the folder manifest lists it (its keys the fields' names)."""
 
     file: str  # name inside the token folder
-    tokens: int
-    documents: int
-    text_bytes: int
-    sha256: str
+    tokens: int  # the ids it holds
+    documents: int  # the documents whose end-of-text id it holds
+    text_bytes: int  # those documents' UTF-8 bytes
+    sha256: str  # the file's content
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class OpenShard:
+    """How far the open `.partial` shard had been synced."""
+
+    tokens: int = 0  # ids written to it
+    documents: int = 0  # documents ended in it
+    text_bytes: int = 0  # their UTF-8 bytes
+
+
+@dataclass(frozen=True)
+class ShardsState:
+    """A split's shards at a journal entry: what a resumed build carries on from."""
+
+    shards: list[Shard] = field(default_factory=list)  # complete ones, in order
+    open: OpenShard = field(default_factory=OpenShard)  # the one being written
+
+    @classmethod
+    def from_dict(cls, data: JSONObject) -> ShardsState:
+        """From the journal's JSON (`asdict` wrote it)."""
+        return cls([Shard(**shard) for shard in data["shards"]], OpenShard(**data["open"]))
 
 
 def shard_name(split: str, number: int) -> str:
@@ -44,17 +67,17 @@ class SplitShards:
     """Appends a split's ids to its shards in `folder`, resuming from a journal `state` when given."""
 
     def __init__(
-        self, folder: Path, split: str, shard_tokens: int, dtype: str, state: dict[str, Any] | None = None
+        self, folder: Path, split: str, shard_tokens: int, dtype: str, state: ShardsState | None = None
     ) -> None:
         self.folder = folder
         self.split = split
         self.shard_tokens = shard_tokens
         self.itemsize = np.dtype(dtype).itemsize
-        state = state or {"shards": [], "open": {"tokens": 0, "documents": 0, "text_bytes": 0}}
-        self.shards = [Shard(**shard) for shard in state["shards"]]
-        self.tokens = state["open"]["tokens"]
-        self.documents = state["open"]["documents"]
-        self.text_bytes = state["open"]["text_bytes"]
+        state = state or ShardsState()
+        self.shards = list(state.shards)
+        self.tokens = state.open.tokens
+        self.documents = state.open.documents
+        self.text_bytes = state.open.text_bytes
         self.digest = hashlib.sha256()
         self.handle = self._reopen()
 
@@ -120,14 +143,11 @@ class SplitShards:
         self.digest = hashlib.sha256()
         self.handle = open(self._open_path, "w+b")  # noqa: SIM115
 
-    def sync(self) -> dict[str, Any]:
+    def sync(self) -> ShardsState:
         """Make the open shard durable and return the journal state that resumes from here."""
         self.handle.flush()
         os.fsync(self.handle.fileno())
-        return {
-            "shards": [shard.to_dict() for shard in self.shards],
-            "open": {"tokens": self.tokens, "documents": self.documents, "text_bytes": self.text_bytes},
-        }
+        return ShardsState(list(self.shards), OpenShard(self.tokens, self.documents, self.text_bytes))
 
     def finish(self) -> list[Shard]:
         """Close the last shard (when it holds anything) and return every shard of the split."""

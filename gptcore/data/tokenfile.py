@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from gptcore.data.shards import Shard
 from gptcore.errors import DataError
 from gptcore.tools.atomic import write_text_atomic
 
@@ -42,7 +43,7 @@ class TokenFileManifest:
     format_version: int = FORMAT_VERSION
     end_of_text_id: int | None = None  # the separator written after every document
     text_bytes: int | None = None  # the documents' UTF-8 bytes (bits per byte = nats / (ln 2 x bytes))
-    shards: list[dict[str, Any]] | None = None  # a sharded split: gptcore.data.shards.Shard.to_dict() each
+    shards: list[Shard] | None = None  # a sharded split: its shards in order
 
     @property
     def tokens_per_byte(self) -> float | None:
@@ -73,8 +74,10 @@ def read_manifest(tokens_path: str | Path) -> TokenFileManifest | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("shards") is not None:
+            data["shards"] = [Shard(**shard) for shard in data["shards"]]
         return TokenFileManifest(**data)
-    except (json.JSONDecodeError, TypeError, UnicodeDecodeError, OSError) as error:
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError, OSError, AttributeError) as error:
         raise DataError(f"{path}: unreadable token-file manifest ({error})") from None
 
 
@@ -172,16 +175,16 @@ def _open_shards(path: Path, manifest: TokenFileManifest) -> ShardedTokens:
     dtype = np.dtype(manifest.dtype).newbyteorder("<")
     arrays = []
     for entry in manifest.shards:
-        shard = path.parent / entry["file"]
+        shard = path.parent / entry.file
         if not shard.is_file():
             raise DataError(f"{shard}: shard named by {path.name} is missing")
         size = shard.stat().st_size
-        if size != entry["tokens"] * dtype.itemsize:
+        if size != entry.tokens * dtype.itemsize:
             raise DataError(
-                f"{shard}: {size} bytes, but {path.name} says {entry['tokens']} {dtype.name} tokens "
-                f"({entry['tokens'] * dtype.itemsize} bytes)"
+                f"{shard}: {size} bytes, but {path.name} says {entry.tokens} {dtype.name} tokens "
+                f"({entry.tokens * dtype.itemsize} bytes)"
             )
-        if _sha256_of(str(shard), size, shard.stat().st_mtime_ns) != entry["sha256"]:
+        if _sha256_of(str(shard), size, shard.stat().st_mtime_ns) != entry.sha256:
             raise DataError(f"{shard}: content differs from the sha256 {path.name} records")
         arrays.append(np.memmap(shard, dtype=dtype, mode="r"))
     total = sum(len(array) for array in arrays)

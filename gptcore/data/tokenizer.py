@@ -11,19 +11,19 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gptcore.data.config import TokenizerConfig
 from gptcore.data.corpus import Corpus
-from gptcore.data.sample import Sample, sample_texts
+from gptcore.data.sample import Sample, SampleRecord, sample_texts
 from gptcore.errors import ConfigError, DataError
 from gptcore.tools.atomic import publish_directory, staging_directory
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
+from gptcore.tools.records import JSONObject, known_fields
 
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_FILE = "manifest.json"
@@ -33,26 +33,29 @@ MAX_VOCAB = 1 << 32  # ids must fit the widest token-file dtype, uint32
 
 @dataclass(frozen=True)
 class TokenizerManifest:
-    fingerprint: str
-    corpus_fingerprint: str
-    path: str
-    sha256: str
-    vocab_size: int
-    requested_vocab_size: int
-    min_frequency: int
-    end_of_text: str
-    end_of_text_id: int
-    seconds: float
-    tokenizers_version: str
-    code_version: str
-    sample: dict[str, Any] = field(default_factory=dict)  # gptcore.data.sample.Sample.to_dict()
+    """The tokenizer folder's `manifest.json` (its keys the fields' names)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    fingerprint: str  # the folder's: corpus, settings, code and library (`tokenizer_fingerprint`)
+    corpus_fingerprint: str  # the corpus it learned from
+    path: str  # its tokenizer.json
+    sha256: str  # tokenizer.json's content
+    vocab_size: int  # as trained (at most the requested size)
+    requested_vocab_size: int  # tokenizer.vocab_size
+    min_frequency: int  # tokenizer.min_frequency
+    end_of_text: str  # the separator token
+    end_of_text_id: int  # its id
+    seconds: float  # the training took
+    tokenizers_version: str  # the library that trained it
+    code_version: str  # the code that trained it
+    sample: SampleRecord = field(default_factory=SampleRecord)  # what the sample held
+
+    def to_dict(self) -> JSONObject:
+        return {**asdict(self), "sample": self.sample.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TokenizerManifest:
-        return cls(**{known.name: data[known.name] for known in fields(cls) if known.name in data})
+    def from_dict(cls, data: JSONObject) -> TokenizerManifest:
+        known = known_fields(cls, data)
+        return cls(**{**known, "sample": SampleRecord.from_dict(data.get("sample") or {})})
 
 
 def _code_version() -> str:
@@ -130,7 +133,7 @@ def train_tokenizer(corpus: Corpus, cfg: TokenizerConfig, data_root: Path) -> To
             seconds=round(time.perf_counter() - started, 3),
             tokenizers_version=tokenizers.__version__,
             code_version=_code_version(),
-            sample=sample.to_dict(),
+            sample=sample.record(),
         )
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest.to_dict(), indent=2), encoding="utf-8")
         publish_directory(staging, final)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gptcore.errors import ConfigError, DataError, first_line
 from gptcore.eval.config import EvaluateConfig
 from gptcore.tools.fingerprint import sha256_bytes, sha256_file
+from gptcore.tools.records import JSONObject
 
 if TYPE_CHECKING:
     from gptcore.model.gpt import GPT
@@ -66,11 +67,11 @@ class BenchmarkScores:
             {**self.tasks, **other.tasks}, {**self.higher_is_better, **other.higher_is_better}
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"tasks": self.tasks, "higher_is_better": self.higher_is_better}
 
     @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> BenchmarkScores:
+    def from_dict(cls, value: JSONObject) -> BenchmarkScores:
         return cls(value.get("tasks", {}), value.get("higher_is_better", {}))
 
 
@@ -179,7 +180,7 @@ def _task_manager(request: BenchmarkRequest) -> Any:
     return TaskManager(include_path=include)
 
 
-def _figures(raw: dict[str, Any], samples: dict[str, int]) -> dict[str, float]:
+def _figures(raw: JSONObject, samples: dict[str, int]) -> dict[str, float]:
     """The harness's `acc,none` / `acc_stderr,none` as `acc` / `acc_stderr`, and the samples scored."""
     figures = {}
     for key, value in raw.items():

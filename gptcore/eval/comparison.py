@@ -14,7 +14,8 @@ recorded in memory (`RunRecord`). The pipeline plans and trains the sides from a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gptcore.errors import ConfigError, GptpipeError
@@ -105,35 +106,54 @@ def differing_controls(first: dict[str, str], second: dict[str, str], axis: str)
     ]
 
 
-def _column(run: dict[str, Any], axis: str) -> str:
-    value = run["params"].get(axis)
-    return f"{value} ({run['run_id'][:8]})" if run.get("run_id") else str(value)
+@dataclass(frozen=True)
+class RunFigures:
+    """One run as a comparison reads it: as MLflow holds it (params as text, each metric's latest)."""
+
+    run_id: str | None  # MLflow's; None for a run recorded in memory
+    params: dict[str, str]  # its parameters
+    metrics: dict[str, float]  # each metric's latest value
+
+    @classmethod
+    def of(cls, run: RunFigures | Mapping[str, Any]) -> RunFigures:
+        """A run's figures, from a record read back as JSON ({run_id, params, metrics}) too."""
+        if isinstance(run, RunFigures):
+            return run
+        return cls(run.get("run_id"), dict(run["params"]), dict(run["metrics"]))
+
+    def column(self, axis: str) -> str:
+        """Its column's heading: its value on `axis`, and its run id's start when recorded."""
+        value = self.params.get(axis)
+        return f"{value} ({self.run_id[:8]})" if self.run_id else str(value)
 
 
-def comparison_table(axis: str, runs: list[dict[str, Any]]) -> str:
+def comparison_table(axis: str, runs: Sequence[RunFigures]) -> str:
     """Markdown: one row per figure, one column per run, and the second run's ratio to the first."""
-    header = [f"figure ({axis})", *(_column(r, axis) for r in runs), "ratio"]
+    header = [f"figure ({axis})", *(r.column(axis) for r in runs), "ratio"]
     rows = []
-    benchmarks = sorted({name for run in runs for name in run["metrics"] if is_headline(name)})
+    benchmarks = sorted({name for run in runs for name in run.metrics if is_headline(name)})
     for figure in [*FIGURES, *benchmarks]:  # a pipeline run's benchmark scores too (`<task>/<metric>`)
-        values = [r["metrics"].get(figure) for r in runs]
+        values = [r.metrics.get(figure) for r in runs]
         ratio = values[1] / values[0] if None not in values and values[0] else None
         rows.append([figure, *values, ratio])
     return table(header, rows)
 
 
-def compare_records(runs: list[dict[str, Any]], axis: str) -> dict[str, Any]:
-    """Two run records ({run_id, params, metrics}) compared on `axis`; refused when controls differ."""
+def compare_records(runs: Sequence[RunFigures | Mapping[str, Any]], axis: str) -> dict[str, Any]:
+    """Two runs compared on `axis`, as the JSON a comparison records (`comparison.json`: axis, runs,
+    table, comparable; a caller adds its `inference` rows); refused when controls differ."""
     if axis not in AXES:
         raise ConfigError(f"--axis {axis!r}: expected one of {', '.join(AXES)}")
-    differences = differing_controls(runs[0]["params"], runs[1]["params"], axis)
+    figures = [RunFigures.of(run) for run in runs]
+    differences = differing_controls(figures[0].params, figures[1].params, axis)
     if differences:
-        names = [r.get("run_id") or r["params"].get(axis) for r in runs]
+        names = [r.run_id or r.params.get(axis) for r in figures]
         raise NotComparable(
             f"runs {names[0]} and {names[1]} are not comparable on {axis}: their controls differ: "
             + "; ".join(differences)
         )
-    return {"axis": axis, "runs": runs, "table": comparison_table(axis, runs), "comparable": True}
+    table_text = comparison_table(axis, figures)
+    return {"axis": axis, "runs": [asdict(r) for r in figures], "table": table_text, "comparable": True}
 
 
 def print_comparison(result: dict[str, Any]) -> None:
@@ -142,7 +162,7 @@ def print_comparison(result: dict[str, Any]) -> None:
     if "inference" in result:
         print("\nThe fp32 side's model in each precision, on the same validation windows:\n")
         print(result["inference"]["table"] + "\n")
-    summary: dict[str, Any] = {
+    summary: dict[str, object] = {
         "event": "comparison",
         "axis": result["axis"],
         "run_ids": [r.get("run_id") for r in result["runs"]],
@@ -156,26 +176,29 @@ def print_comparison(result: dict[str, Any]) -> None:
 
 # --- the two bounded runs -----------------------------------------------------------------------------
 
+# The runtime settings a comparison's side overrides (`gptcore.runtime.config.RuntimeConfig`'s fields).
+RuntimeSettings = dict[str, str | int | None]
+
 
 @dataclass(frozen=True)
 class Side:
     """One of the two runs: its name and the runtime settings it trains with."""
 
-    name: str
-    runtime: dict[str, Any]
+    name: str  # its run's: compare-<axis>-<value>
+    runtime: RuntimeSettings  # the shared settings, its own value on the axis
 
 
 @dataclass
 class ComparisonPlan:
     """What both sides share (limits, token sources and their identities) and what tells them apart."""
 
-    axis: str
-    values: list[str]
-    base: dict[str, Any]
-    limits: Limits
-    train: Any
-    validation: Any
-    data_params: dict[str, str] = field(default_factory=dict)
+    axis: str  # what tells the sides apart (AXES)
+    values: list[str]  # each side's value on it
+    base: RuntimeSettings  # the runtime settings both share
+    limits: Limits  # the bounded runs' steps and examples
+    train: Any  # the train tokens: a token file's path or a TokenStream
+    validation: Any  # the validation tokens, the same
+    data_params: dict[str, str] = field(default_factory=dict)  # the data's identities, as params
 
     def sides(self) -> list[Side]:
         return [
@@ -219,5 +242,5 @@ class RunRecord(TrainingCallback):
     def on_end(self, summary: SummaryRecord) -> None:
         self.metrics.update(SummaryRecord.metrics(summary))
 
-    def record(self) -> dict[str, Any]:
-        return {"run_id": None, "params": self.params, "metrics": self.metrics}
+    def record(self) -> RunFigures:
+        return RunFigures(None, self.params, self.metrics)

@@ -29,6 +29,7 @@ from gptcore.errors import DataError
 from gptcore.eval.config import EvaluateConfig
 from gptcore.generate import sample
 from gptcore.model.gpt import GPT
+from gptcore.tools.records import JSONObject
 from gptcore.train.validate import bits_per_byte
 
 PROMPT_SCAN_TOKENS = 1 << 20  # the prompts come from the test stream's first documents
@@ -56,7 +57,7 @@ class HeldOutRecord:
     test_text_bytes: int | None
     samples: list[Sample] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
     def samples_markdown(self) -> str:
@@ -180,7 +181,7 @@ def evaluate_held_out(
     )
     return HeldOutRecord(
         checkpoint=str(checkpoint),
-        step=int(record.get("step", 0)),
+        step=int(record.step or 0),
         test_loss=loss,
         test_perplexity=math.exp(min(loss, 700.0)),
         test_bits_per_byte=bits,

@@ -37,6 +37,7 @@ from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import peak_memory_bytes, reset_peak_memory
 from gptcore.runtime.precision_speed import PRECISIONS, measure_precision_speeds
 from gptcore.tools.markdown import cell, table
+from gptcore.tools.records import JSONObject
 
 OK = "ok"
 
@@ -96,7 +97,7 @@ class TradeoffRow:
             if f.name not in skip and getattr(self, f.name) is not None
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
 

@@ -24,7 +24,6 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -34,6 +33,7 @@ from gptcore.export.hf_llama import HOLDS, check_llama, llama_config, llama_stat
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.tools.atomic import publish_directory, staging_directory
+from gptcore.tools.records import JSONObject
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
@@ -58,7 +58,7 @@ def gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     return exported
 
 
-def gpt2_config(model: GPT, end_of_text: int) -> dict[str, Any]:
+def gpt2_config(model: GPT, end_of_text: int) -> JSONObject:
     cfg = model.config
     return {
         "architectures": ["GPT2LMHeadModel"],
@@ -85,7 +85,7 @@ def gpt2_config(model: GPT, end_of_text: int) -> dict[str, Any]:
 
 
 StateDict = Callable[[GPT], dict[str, torch.Tensor]]
-Config = Callable[[GPT, int], dict[str, Any]]
+Config = Callable[[GPT, int], JSONObject]
 
 
 def layout(config: ModelConfig) -> tuple[StateDict, Config]:
@@ -174,5 +174,5 @@ def _check_output(output: Path, force: bool) -> None:
         )
 
 
-def _json(path: Path, value: dict[str, Any]) -> None:
+def _json(path: Path, value: JSONObject) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

@@ -12,13 +12,13 @@ Nothing here imports `transformers`; `gptcore.export.hf` writes the folder.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import torch
 
 from gptcore.errors import ConfigError
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
+from gptcore.tools.records import JSONObject
 
 # What the export can write, for the refusals' messages.
 HOLDS = (
@@ -89,10 +89,10 @@ def _renamed(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
     return {f"{prefix}{part}.{suffix}": piece.clone() for part, piece in pieces}
 
 
-def llama_config(model: GPT, end_of_text: int) -> dict[str, Any]:
+def llama_config(model: GPT, end_of_text: int) -> JSONObject:
     """A `LlamaConfig` (a `Qwen3Config` with QK-norm) whose fields match the model exactly."""
     cfg = model.config
-    config: dict[str, Any] = {
+    config: JSONObject = {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.n_embd,
         "intermediate_size": cfg.mlp_width(),

@@ -18,6 +18,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from gptcore.errors import DataError
 from gptcore.model.config import ModelConfig
@@ -53,9 +54,16 @@ class ModelFiles:
         return {name: str(path) for name, path in files.items()}
 
 
-def checkpoint_tokenizer(record: dict) -> Path:
+class Recorded(Protocol):
+    """What a checkpoint's record (`gptcore.checkpoint.record.CheckpointRecord`) says of its tokenizer."""
+
+    @property
+    def metadata(self) -> dict[str, str]: ...
+
+
+def checkpoint_tokenizer(record: Recorded) -> Path:
     """The tokenizer a checkpoint's record names; a DataError when it names none or it is gone."""
-    named = record.get("metadata", {}).get("tokenizer")
+    named = record.metadata.get("tokenizer")
     if not named:
         raise DataError("the checkpoint names no tokenizer (train it with one: gptpipe run, or --tokenizer)")
     path = Path(named)

@@ -6,6 +6,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator
 
+from gptcore.tools.records import JSONObject
 from gptcore.tools.strict import Strict
 
 # The linear layers LoRA may adapt, each block's, by the role they have in every recipe (gptcore.model.gpt
@@ -69,7 +70,7 @@ class QLoRAConfig(LoRAConfig):
     )
 
 
-def adapter_settings(data: dict[str, Any]) -> LoRAConfig:
+def adapter_settings(data: JSONObject) -> LoRAConfig:
     """LoRA or QLoRA settings from their dump (a job file, a checkpoint's identity): QLoRA's name the
     format of their quantized base."""
     kind = QLoRAConfig if "quantized_base" in data else LoRAConfig

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
@@ -18,6 +17,7 @@ from gptcore.finetune.lora import apply_lora
 from gptcore.finetune.qlora import check_available, quantize_base
 from gptcore.model.config import ModelConfig
 from gptcore.tools.fingerprint import sha256_file
+from gptcore.tools.records import Settings
 
 
 def start_from(
@@ -86,10 +86,10 @@ def check_architecture(config: ModelConfig, weights: Path, named: str | None = N
     return path
 
 
-def start_identity(weights: Path | None, lora: LoRAConfig | None) -> dict[str, Any]:
+def start_identity(weights: Path | None, lora: LoRAConfig | None) -> Settings:
     """What a resume must match of where the run started: the weights' hash and the adapters' settings
     (QLoRA's with `lora.quantized_base`, so neither method resumes the other's run)."""
-    identity: dict[str, Any] = {}
+    identity: Settings = {}
     if weights is not None:
         identity["init.weights_sha256"] = sha256_file(weights_file(Path(weights)))
     if lora is not None:
@@ -97,7 +97,7 @@ def start_identity(weights: Path | None, lora: LoRAConfig | None) -> dict[str, A
     return identity
 
 
-def lora_of(identity: dict[str, Any]) -> LoRAConfig | None:
+def lora_of(identity: Settings) -> LoRAConfig | None:
     """The adapters a run's identity (a checkpoint's `config`) says it trained; None: no adapters."""
     settings = {
         key.removeprefix("lora."): value for key, value in identity.items() if key.startswith("lora.")

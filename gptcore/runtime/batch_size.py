@@ -25,6 +25,9 @@ from gptcore.model.config import ModelConfig
 from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import StepMemory, is_out_of_memory
 
+# How `auto` decided, by name: the sizes tried (each with whether it fit), the largest that ran or fit,
+# the budget and margin, the estimate of the size chosen.
+ProbeFigures = dict[str, int | float | list[Any] | None]
 MARGIN = 0.10  # the share of the memory kept free: fragmentation, a longer batch, another process
 LARGEST = 4096  # the doubling stops here even when memory is left
 
@@ -36,7 +39,7 @@ class BatchChoice:
     batch_size: int
     grad_accum_steps: int
     source: str  # "configured", "probed" (CUDA) or "estimated" (from the memory estimate)
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: ProbeFigures = field(default_factory=dict)  # how `auto` decided; empty when configured
 
     def applied_to(self, runtime: Runtime) -> Runtime:
         """`runtime` training with this batch and accumulation."""
@@ -114,7 +117,8 @@ def estimated_choice(
         return memory.total(size, accum)
 
     fitting, tried = largest_fitting(lambda size: estimate(size) <= usable)
-    figures = {"budget_bytes": budget, "margin": MARGIN, "largest_fitting": fitting, "tried": tried}
+    figures: ProbeFigures = {"budget_bytes": budget, "margin": MARGIN, "largest_fitting": fitting}
+    figures["tried"] = tried
     if fitting == 0:
         lighter = "a smaller model" if memory.activation_checkpointing else "--activation-checkpointing"
         raise TrainingError(
@@ -151,7 +155,7 @@ def probed_choice(
         raise TrainingError("batch size auto: a step at batch size 1 runs out of memory on this device")
     size = divisor_at_most(max(1, math.floor(largest * (1 - MARGIN))), effective, world_size)
     accum = accumulation(effective, size, world_size, configured_accum)
-    figures = {"largest_that_ran": largest, "margin": MARGIN, "tried": tried}
+    figures: ProbeFigures = {"largest_that_ran": largest, "margin": MARGIN, "tried": tried}
     return BatchChoice(size, accum, "probed", figures)
 
 

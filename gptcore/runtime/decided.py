@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gptcore.runtime.config import ConcreteDevice, ConcretePrecision
+from gptcore.tools.records import JSONObject
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +57,7 @@ class Runtime:
 
         return torch.autocast(device_type=self.device, dtype=self.dtype)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
     def in_this_process(self) -> Runtime:

@@ -26,6 +26,7 @@ from gptcore.runtime.precision_speed import (
     measure_precision_speeds,
     slower_than_fp32_warning,
 )
+from gptcore.tools.records import JSONObject
 
 
 class DefaultsTable(Protocol):
@@ -244,7 +245,7 @@ class DeviceReport:
     gpu_compute_capability: str | None = None
     precision_speeds: PrecisionSpeeds | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """As `gptpipe device --json` prints it: the facts, and the probe's figures flat beside its record
         (`bf16_train_speedup`, ..., `bf16_emulated`)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "precision_speeds"}

@@ -19,9 +19,10 @@ import time
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import torch
+
+from gptcore.tools.records import JSONObject
 
 Shape = tuple[int, int, int]  # (m, k, n): m rows of k features through a linear layer to n
 
@@ -90,17 +91,12 @@ class PrecisionSpeeds:
             figures[f"{speed.precision}_decode_speedup"] = round(speed.decode_speedup, 4)
         return figures
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"device": self.device, "speeds": [asdict(speed) for speed in self.speeds]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PrecisionSpeeds:
+    def from_dict(cls, data: JSONObject) -> PrecisionSpeeds:
         return cls(data["device"], tuple(PrecisionSpeed(**speed) for speed in data["speeds"]))
-
-    @classmethod
-    def from_record(cls, data: dict[str, Any] | None) -> PrecisionSpeeds | None:
-        """`to_dict`'s output read back; None where a record has none (one written before the probe)."""
-        return cls.from_dict(data) if data else None
 
 
 def slower_than_fp32_warning(precision: str, speeds: PrecisionSpeeds) -> str | None:

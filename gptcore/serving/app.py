@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +33,7 @@ from gptcore.serving.requests import BadRequest, Job, completion_job, invocation
 from gptcore.serving.scheduler import QueueFull, Scheduler
 from gptcore.serving.sequence import Sequence
 from gptcore.serving.served import ServedModel
+from gptcore.tools.records import JSONObject
 
 OPEN_PATHS = ("/health", "/ping")  # answered without the API key: a load balancer's probe carries none
 ENDPOINTS = ("/v1/completions", "/v1/models", "/health", "/ping", "/metrics", "/invocations")
@@ -143,7 +144,58 @@ class Waiting:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Health:
+    """`GET /health`."""
+
+    status: str  # "ok" while it answers
+    model: str  # the served model's name
+    running: int  # prompts being decoded
+    waiting: int  # prompts queued
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """The served model in `GET /v1/models` (OpenAI's model object, and this server's limits)."""
+
+    id: str  # its name
+    object: str  # "model"
+    created: int  # when the server started, Unix time
+    owned_by: str  # "gptpipe"
+    max_model_len: int  # prompt tokens at most
+    max_tokens: int  # new tokens a prompt may ask for at most
+    precision: str  # the weights' method (fp32, int8, ...)
+
+
+@dataclass(frozen=True)
+class ModelList:
+    """`GET /v1/models`: the one model served."""
+
+    object: str  # "list"
+    data: list[ModelCard]
+
+
+@dataclass(frozen=True)
+class Head:
+    """What every completion body and chunk starts with (OpenAI's)."""
+
+    id: str  # cmpl-<hex>
+    object: str  # text_completion
+    created: int  # Unix time
+    model: str  # the served model's name
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One prompt's text in a completion body or chunk (OpenAI's)."""
+
+    text: str  # the completion, or a chunk's piece of it
+    index: int  # the prompt's place in the request
+    logprobs: None  # not given
+    finish_reason: str | None  # stop, length, ...; None while it goes on
+
+
+def error_body(message: str, status: int, param: str | None = None) -> JSONObject:
     kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
         status, "invalid_request_error" if status < 500 else "server_error"
     )
@@ -188,10 +240,8 @@ def create_app(server: CompletionServer) -> FastAPI:
     _answer_errors(app)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        served = server.model
-        running, waiting = server.scheduler.running, server.scheduler.waiting
-        return {"status": "ok", "model": served.name, "running": running, "waiting": waiting}
+    async def health() -> Health:
+        return Health("ok", server.model.name, server.scheduler.running, server.scheduler.waiting)
 
     @app.get("/ping")
     async def ping() -> Response:
@@ -202,18 +252,18 @@ def create_app(server: CompletionServer) -> FastAPI:
         return Response(server.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> ModelList:
         served = server.model
-        card = {
-            "id": served.name,
-            "object": "model",
-            "created": int(server.started),
-            "owned_by": "gptpipe",
-            "max_model_len": served.window,  # prompt tokens at most
-            "max_tokens": limits.max_tokens_cap,  # new tokens a prompt may ask for at most
-            "precision": served.method,
-        }
-        return {"object": "list", "data": [card]}
+        card = ModelCard(
+            served.name,
+            "model",
+            int(server.started),
+            "gptpipe",
+            served.window,
+            limits.max_tokens_cap,
+            served.method,
+        )
+        return ModelList("list", [card])
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -225,7 +275,7 @@ def create_app(server: CompletionServer) -> FastAPI:
         if not await _wait(waiting, request):
             return _timed_out(waiting)
         choices = [_choice(index, s.text, s.finish_reason) for index, s in enumerate(waiting.sequences)]
-        answer = {**_head(server, "text_completion"), "choices": choices, "usage": waiting.usage()}
+        answer = {**asdict(_head(server)), "choices": choices, "usage": waiting.usage()}
         return JSONResponse(answer)
 
     @app.post("/invocations")
@@ -318,19 +368,19 @@ def _timed_out(waiting: Waiting) -> JSONResponse:
     return refusal(*_unfinished(waiting))
 
 
-def _head(server: CompletionServer, kind: str) -> dict[str, Any]:
-    identity = {"id": f"cmpl-{uuid.uuid4().hex}", "object": kind, "created": int(time.time())}
-    return {**identity, "model": server.model.name}
+def _head(server: CompletionServer) -> Head:
+    return Head(f"cmpl-{uuid.uuid4().hex}", "text_completion", int(time.time()), server.model.name)
 
 
-def _choice(index: int, text: str, reason: str | None) -> dict[str, Any]:
-    return {"text": text, "index": index, "logprobs": None, "finish_reason": reason}
+def _choice(index: int, text: str, reason: str | None) -> dict[str, str | int | None]:
+    """A choice as its body holds it."""
+    return asdict(Choice(text, index, None, reason))
 
 
 async def _stream(waiting: Waiting, job: Job, request: Request) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, one with each prompt's finish reason, the usage
     when asked (`stream_options.include_usage`), then `[DONE]`. A deadline ends it with an error event."""
-    head = _head(waiting.server, "text_completion")
+    head = asdict(_head(waiting.server))
     try:
         async for index, delta, reason in waiting.until_done(request):
             if reason in ("stop", "length") or (delta and reason is None):
@@ -345,5 +395,5 @@ async def _stream(waiting: Waiting, job: Job, request: Request) -> AsyncIterator
         waiting.cancel()
 
 
-def _event(payload: dict[str, Any]) -> str:
+def _event(payload: JSONObject) -> str:
     return f"data: {json.dumps(payload)}\n\n"

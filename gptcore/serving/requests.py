@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gptcore.generate import DEFAULT_COMPLETION
 from gptcore.serving.config import ServeConfig
 from gptcore.serving.sequence import Sampling
+from gptcore.tools.records import JSONObject
 
 LARGEST_SEED = 2**63 - 1  # a torch.Generator's seed
 
@@ -116,7 +117,7 @@ def invocation_job(body: bytes, limits: ServeConfig) -> Job:
     return Job(_prompts(_invocation_prompts(data), limits, "inputs"), sampling, stop_at_end_of_text=False)
 
 
-def _invocation_prompts(data: dict[str, Any]) -> Any:
+def _invocation_prompts(data: JSONObject) -> Any:
     """The prompts of any body MLflow's scoring server takes for a one-column model."""
     if "inputs" in data or "instances" in data:
         return data.get("inputs", data.get("instances"))

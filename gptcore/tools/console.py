@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Any
 
+from gptcore.tools.records import JSONObject
+
 JSON_ONLY = "GPTPIPE_JSON"  # set (to anything but 0) for JSON lines only, also on a terminal
 
 
@@ -30,7 +32,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def json_line(event: str, payload: dict[str, Any]) -> str:
+def json_line(event: str, payload: JSONObject) -> str:
     return json.dumps(
         _clean({"event": event, **{k: v for k, v in payload.items() if k != "event"}}), default=str
     )

@@ -13,33 +13,47 @@ import os
 import socket
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock, Timeout
 
-UNREADABLE = {"pid": "?", "host": "?", "started_at": "unknown (unreadable lock record)"}
+from gptcore.tools.records import known_fields
 
 
-def describe(holder: dict[str, Any]) -> str:
-    """Who holds a lock, from its record: `PID 12 on host, started 2026-12-04 09:00:00 UTC`."""
-    started = holder.get("started_at", "an unknown time")
-    return f"PID {holder.get('pid', '?')} on {holder.get('host', '?')}, started {started}"
+@dataclass(frozen=True)
+class LockHolder:
+    """The record of who holds a lock (`<lock>.json`), its keys the fields' names."""
+
+    pid: int | str = "?"  # the holder's process id; "?" where the record was unreadable
+    host: str = "?"  # the machine it runs on
+    started_at: str = "an unknown time"  # when it took the lock, local time, for a person
+    started_unix: float | None = None  # the same as Unix time
+    command: str | None = None  # its command line, cut at 500 characters
+
+    def describe(self) -> str:
+        """`PID 12 on host, started 2026-12-04 09:00:00 UTC`."""
+        return f"PID {self.pid} on {self.host}, started {self.started_at}"
 
 
-def read_record(path: Path) -> dict[str, Any]:
-    """The holder record at `path`: {} when there is none, `UNREADABLE` when it cannot be read."""
+UNREADABLE = LockHolder(started_at="unknown (unreadable lock record)")
+
+
+def read_record(path: Path) -> LockHolder | None:
+    """The holder record at `path`: None when there is none, `UNREADABLE` when it cannot be read."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        return {}
+        return None
     except (OSError, UnicodeDecodeError):
-        return dict(UNREADABLE)
+        return UNREADABLE
     try:
         value = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
-        return dict(UNREADABLE)
-    return value if isinstance(value, dict) else dict(UNREADABLE)
+        return UNREADABLE
+    if not isinstance(value, dict):
+        return UNREADABLE
+    return LockHolder(**known_fields(LockHolder, value)) if value else None
 
 
 class HeldLock:
@@ -55,7 +69,7 @@ class HeldLock:
     def held(self) -> bool:
         return self._lock.is_locked
 
-    def holder(self) -> dict[str, Any]:
+    def holder(self) -> LockHolder | None:
         return read_record(self.record)
 
     def try_acquire(self) -> bool:
@@ -72,17 +86,17 @@ class HeldLock:
 
     def write_holder(self) -> None:
         now = time.time()
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now)),
-            "started_unix": now,
-            "command": " ".join(sys.argv)[:500],
-        }
+        record = LockHolder(
+            os.getpid(),
+            socket.gethostname(),
+            time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now)),
+            now,
+            " ".join(sys.argv)[:500],
+        )
         # In place, not through a temporary: only the holder writes it, and a torn record reads as
         # UNREADABLE (a temporary beside checkpoints would look like a checkpoint being written).
         with open(self.record, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(asdict(record)) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 

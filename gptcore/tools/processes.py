@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
@@ -160,6 +160,28 @@ def stop_requests() -> Iterator[list[int]]:
         raise LaunchCancelled(f"stopped by {signal.Signals(received[0]).name}: every process was stopped")
 
 
+def start_group(
+    command: Sequence[str],
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    **more: Any,
+) -> subprocess.Popen:
+    """`command` started in a process group of its own (so it is stopped as a whole, `ProcessTree`), its
+    stdout and stderr merged into one pipe of text lines, no stdin; `more`: Popen's other arguments."""
+    return subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        **more,
+    )
+
+
 def run_process_tree(
     command: Sequence[str],
     on_line: Callable[[str], None],
@@ -173,17 +195,7 @@ def run_process_tree(
     included) or an exception from `on_line` stops the whole process tree first; cancellation then
     raises `LaunchCancelled`, a signal is delivered again to its previous handler."""
     with stop_requests() as requests:
-        process = subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env=env,
-            cwd=cwd,
-            start_new_session=True,  # a group of its own: a terminal's Ctrl-C reaches us, we stop the tree
-        )
+        process = start_group(command, env, cwd)  # a terminal's Ctrl-C reaches us: we stop the tree
         tree = ProcessTree(process)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
+
+# A checkpoint written: its step, kind (latest/best/final) and the seconds its write took, by those names
+# (a launched rank's JSON line carries the same).
+CheckpointInfo = dict[str, str | int | float]
 
 
 class TrainingCallback:
@@ -22,7 +25,7 @@ class TrainingCallback:
     def on_eval(self, record: EvalRecord) -> None:
         """One evaluation: step, val_loss, val_perplexity (and unigram_val_loss on the first)."""
 
-    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
+    def on_checkpoint(self, path: Path, info: CheckpointInfo) -> None:
         """A checkpoint was written completely; info holds step, kind (latest/best/final), seconds."""
 
     def on_end(self, summary: SummaryRecord) -> None:
@@ -50,7 +53,7 @@ class CallbackList(TrainingCallback):
         for callback in self.callbacks:
             callback.on_eval(record)
 
-    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
+    def on_checkpoint(self, path: Path, info: CheckpointInfo) -> None:
         for callback in self.callbacks:
             callback.on_checkpoint(path, info)
 

@@ -40,8 +40,11 @@ class TrainJob:
     dry_run: bool = False
     device_defaults: DefaultsSource | None = None
     tokenizer: Path | None = None
+    # What else decides the run, as the pipeline names it (its data's fingerprints: free-form, nested),
+    # recorded flat under `data.` in what a resume must match.
     extra_fingerprint: dict[str, Any] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    # Written into every checkpoint's record as it is then (the MLflow callback adds its run id): text.
+    metadata: dict[str, str] = field(default_factory=dict)
     world_size: int = 1  # data-parallel ranks, each a process in an initialised group (torchrun)
     rank: int = 0
     # The training section whose learning-rate schedule this run follows (its warmup and length); None:

@@ -13,10 +13,11 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from gptcore.tools.console import json_line
-from gptcore.train.callbacks import TrainingCallback
+from gptcore.tools.records import JSONObject
+from gptcore.train.callbacks import CheckpointInfo, TrainingCallback
 from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 
 
@@ -27,7 +28,7 @@ class JsonLinesCallback(TrainingCallback):
         self.stream = stream
         self.events = events
 
-    def _emit(self, event: str, payload: dict[str, Any]) -> None:
+    def _emit(self, event: str, payload: JSONObject) -> None:
         if self.events is not None and event not in self.events:
             return
         stream = self.stream or sys.stdout
@@ -43,7 +44,7 @@ class JsonLinesCallback(TrainingCallback):
     def on_eval(self, record: EvalRecord) -> None:
         self._emit(record.event, record.to_dict())
 
-    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
+    def on_checkpoint(self, path: Path, info: CheckpointInfo) -> None:
         self._emit("checkpoint", {"path": str(path), **info})
 
     def on_end(self, summary: SummaryRecord) -> None:
@@ -90,7 +91,7 @@ class JsonLinesReplay:
             self.on_text(line)
 
 
-def _json_record(line: str) -> dict[str, Any] | None:
+def _json_record(line: str) -> JSONObject | None:
     if not line.startswith("{"):
         return None
     try:

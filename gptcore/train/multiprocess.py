@@ -25,6 +25,7 @@ from gptcore.model.config import ModelConfig
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
 from gptcore.runtime.decided import Runtime
+from gptcore.tools.records import JSONObject
 from gptcore.train.callbacks import CallbackList, TrainingCallback
 from gptcore.train.config import TrainingConfig
 from gptcore.train.job import TrainJob
@@ -33,11 +34,11 @@ from gptcore.train.records import SummaryRecord
 RANK_MODULE = "gptcore.train.multiprocess"  # this module: torchrun runs it once per rank
 
 
-def _section(value: TrainingConfig | None) -> dict[str, Any] | None:
+def _section(value: TrainingConfig | None) -> JSONObject | None:
     return TrainingConfig.of(value).model_dump(mode="json") if value is not None else None
 
 
-def _load_section(data: dict[str, Any] | None) -> TrainingConfig | None:
+def _load_section(data: JSONObject | None) -> TrainingConfig | None:
     return TrainingConfig.model_validate_json(json.dumps(data)) if data is not None else None
 
 
@@ -91,11 +92,11 @@ def save_job(job: TrainJob, folder: Path) -> Path:
     return path
 
 
-def read_job(path: Path) -> dict[str, Any]:
+def read_job(path: Path) -> JSONObject:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def load_job(data: dict[str, Any], world_size: int, rank: int) -> TrainJob:
+def load_job(data: JSONObject, world_size: int, rank: int) -> TrainJob:
     """The saved job (`read_job`) as this rank's."""
     defaults = {
         device: DeviceDefaults.model_validate_json(json.dumps(value))

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Self
 
+from gptcore.tools.records import JSONObject
+
 PARAM = "param"
 METRIC = "metric"
 
@@ -44,7 +46,7 @@ class Record:
 
     event: ClassVar[str]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The record as its JSON line carries it (fields marked `optional` left out while None)."""
         values = asdict(self)
         optional = {f.name for f in fields(self) if f.metadata.get("optional")}
@@ -89,7 +91,9 @@ class StartupRecord(Record):
     grad_accum_steps: int = param()
     batch_size_source: str = param()  # configured, probed (CUDA) or estimated (batch_size: auto)
     effective_batch_target: int | None = context()  # runtime.effective_batch_size, when asked for
-    batch_probe: dict[str, Any] = field(default_factory=dict)  # how `auto` decided: sizes tried, budget
+    # How `auto` decided: sizes tried, budget (gptcore.runtime.batch_size.ProbeFigures; not imported: the
+    # records load without torch).
+    batch_probe: dict[str, int | float | list[Any] | None] = field(default_factory=dict)
     workers: int = param()
     fused_adamw: bool = param()
     tf32_enabled: bool = param()
@@ -248,7 +252,7 @@ def as_dict(payload: Record | Mapping[str, Any]) -> dict[str, Any]:
     return payload.to_dict() if isinstance(payload, Record) else dict(payload)
 
 
-def finite_metrics(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
+def finite_metrics(values: Mapping[str, object], names: tuple[str, ...]) -> dict[str, float]:
     """The named entries that are real numbers (None, NaN and infinities are left out)."""
     chosen = {}
     for name in names:

@@ -129,7 +129,7 @@ def summary_record(trainer: Trainer, started: float, start_step: int) -> Summary
         steady_steps_seconds=(trainer.planned_steps or 0) / steps_per_second if steps_per_second else None,
         compile_seconds=trainer.compile_seconds,
         recompilations=compiled_graphs() - trainer.graphs_at_start if trainer.runtime.compile else None,
-        **trainer.checkpointer.figures(),
+        **asdict(trainer.checkpointer.figures()),
         evaluation_seconds=trainer.evaluator.seconds,
         evaluated_examples=trainer.evaluator.examples,
         optimizer_state_bytes=state_bytes(trainer.optimizer.state),  # moments of what trains (LoRA: adapters)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 
@@ -32,6 +31,6 @@ class WarmupCosine:
             group["lr"] = rate * group.get(LR_SCALE, 1.0)  # Muon's groups: their own peak, same shape
         return rate
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, float | int]:
         """The schedule is a pure function of the step; its settings are stored to detect a change."""
         return asdict(self)

@@ -8,7 +8,6 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +30,7 @@ from gptcore.runtime.batch_size import (
 )
 from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import StepMemory
+from gptcore.tools.records import Settings, flatten
 from gptcore.train.config import TrainingConfig
 from gptcore.train.guards import DivergenceGuard, NonFiniteGuard
 from gptcore.train.job import TrainJob
@@ -141,13 +141,13 @@ def warmup_cosine(job: TrainJob, train_set: ExampleSet | None, plan: StepPlan) -
 
 def trajectory_settings(
     job: TrainJob, train_set: ExampleSet | None, plan: StepPlan, runtime: Runtime
-) -> dict[str, Any]:
+) -> Settings:
     """What determines the training trajectory, flat: a resume must match it exactly. Per-device batch
     and accumulation may change as long as the global batch stays (after an OOM, on more ranks)."""
     t = job.training
-    config: dict[str, Any] = {}
-    _flatten("model", job.model.identity(), config)  # a GPT-2 model's, as before the recipe's fields
-    _flatten("optimizer", t.optimizer.identity(), config)  # AdamW's: as before Muon could be chosen
+    config: Settings = {}
+    flatten("model", job.model.identity(), config)  # a GPT-2 model's, as before the recipe's fields
+    flatten("optimizer", t.optimizer.identity(), config)  # AdamW's: as before Muon could be chosen
     config.update(
         {
             "training.seed": t.seed,
@@ -161,17 +161,9 @@ def trajectory_settings(
     )
     if t.max_tokens is not None:  # only when set: runs from before the setting keep resuming
         config["training.max_tokens"] = t.max_tokens
-    _flatten("data", job.extra_fingerprint, config)
+    flatten("data", job.extra_fingerprint, config)
     config.update(start_identity(job.init_weights, job.lora))  # fine-tuning only: others keep resuming
     return json.loads(json.dumps(config, default=str))  # as the JSON sidecar will hold it
-
-
-def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _flatten(f"{prefix}.{key}" if prefix else str(key), item, into)
-    else:
-        into[prefix] = value
 
 
 def _stream_identity(source: Path | TokenStream | None) -> str | None:
@@ -229,12 +221,12 @@ def make_guards(
 
 
 def make_checkpointer(
-    job: TrainJob, parts: TrainingParts, trajectory: dict[str, Any], fingerprint: str
+    job: TrainJob, parts: TrainingParts, trajectory: Settings, fingerprint: str
 ) -> Checkpointer:
     """The run's checkpoints: written by rank 0 of a real run, each naming what a resume must match."""
     t = job.training
     tokenizer = str(Path(job.tokenizer).resolve()) if job.tokenizer is not None else None
-    identity = RunIdentity(trajectory, fingerprint, job.model.model_dump(), job.metadata, tokenizer)
+    identity = RunIdentity(trajectory, fingerprint, job.model, job.metadata, tokenizer)
     return Checkpointer(
         job.checkpoint_directory,
         t.checkpoint_every,

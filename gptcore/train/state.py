@@ -3,6 +3,7 @@ step, so it is derived, never stored."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,10 @@ class TrainState:
         self.best_val_loss = val_loss
         return True
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, int | float | None]:
         return {"step": self.step, "best_val_loss": self.best_val_loss}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """From a checkpoint's state, which holds `state_dict()`'s entries among its own."""
         self.step = int(state["step"])
         self.best_val_loss = state["best_val_loss"]

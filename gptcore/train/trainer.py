@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from gptcore.checkpoint.manager import TrainingParts
+from gptcore.checkpoint.manager import Losses, TrainingParts
 from gptcore.data.batches import BatchLoader, StepPlan
 from gptcore.distributed.group import all_reduce_mean, grad_scaler
 from gptcore.errors import GptpipeError, TrainingError, first_line
@@ -270,7 +270,7 @@ class Trainer:
     def save(self, kind: str) -> None:
         """Checkpoint `kind` of the run as it is now (rank 0 of a real run alone writes); the final one
         is on disk before this returns, the others are reported when their write completes."""
-        losses = {"train_loss": self.last_train_loss, "val_loss": self.evaluator.last_val_loss}
+        losses = Losses(self.last_train_loss, self.evaluator.last_val_loss)
         path = self.checkpointer.save(kind, losses)
         if path is not None and kind != "best":  # on disk before the run ends, however it ends
             self.nonfinite_guard.last_checkpoint = str(path)

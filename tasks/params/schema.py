@@ -4,7 +4,6 @@ evaluation) are its sections' types; this layer builds a run's from them (`tasks
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -15,6 +14,7 @@ from gptcore.eval.config import EvaluateConfig, QuantizeConfig
 from gptcore.finetune.config import LoRAConfig, QLoRAConfig
 from gptcore.model.config import ModelConfig
 from gptcore.runtime.config import ConcreteDevice, DeviceDefaults, RuntimeConfig
+from gptcore.tools.records import JSONObject
 from gptcore.tools.strict import Strict
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 
@@ -93,14 +93,11 @@ class FullTrainingConfig(TrainingConfig):
         description="a model URI training starts from (models:/NAME@ALIAS, hf:<hub id or folder>, a "
         "model-files folder); its tokenizer encodes the corpus. None: random initial weights",
     )
-    init_weights: str | None = Field(
-        default=None, description="set by the tokenizer stage: init_from's model files, resolved"
-    )
 
-    def identity(self, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    def identity(self, exclude: frozenset[str] = frozenset()) -> JSONObject:
         """What decides the run's training, without where it starts (the start's identity is the weights'
         sha256, `gptcore.finetune.start.start_identity`, not the URI or the folder that named them)."""
-        return super().identity(exclude | {"init_from", "init_weights"})
+        return super().identity(exclude | {"init_from"})
 
 
 class FinetuneConfig(Strict):
@@ -134,9 +131,6 @@ class FinetuneConfig(Strict):
         description="the base corpus's test split (test.bin or its manifest), to measure what was "
         "forgotten; unset: the base's own (the test_split its registered version names) under "
         "paths.data_root, else the newest there made with the base's tokenizer",
-    )
-    weights: str | None = Field(
-        default=None, description="set by the base stage: the base's model files, resolved from `model`"
     )
 
     def methods(self) -> list[FinetuneMethod]:
@@ -275,20 +269,14 @@ class PipelineParams(Strict):
         return "full.init_from" if self.full.init_from is not None else None
 
     def model_profile(self) -> ModelProfile:
-        """The model training builds: the file's profile, or (the file naming none) its start model's,
-        once the stage before training took it from the model's files (`tasks.stages.start_model`)."""
+        """The model the file names: what training builds from random weights (a start model's own,
+        resolved by the stage before training, travels as `tasks.params.jobs.TrainingStart`)."""
         if self.model is None:
             raise ConfigError(
                 f"model: none named, and {self.start_model_key()}'s architecture is read from its files "
                 "only by gptpipe run and gptpipe finetune: name a profile in model to train it here"
             )
         return self.model
-
-    def start_weights(self) -> Path | None:
-        """The model files training loads first, as the stage before resolved them: a fine-tune's base
-        (`finetune.weights`), a continued pretraining's `full.init_weights`; None: random weights."""
-        weights = self.finetune.weights if self.finetune is not None else self.full.init_weights
-        return Path(weights) if weights else None
 
     def training_section(self, stage: TrainingStage) -> TrainingConfig:
         """The settings a stage trains with: the smoke section takes the full section's optimizer unless
@@ -326,9 +314,11 @@ class PipelineParams(Strict):
             "runtime.device=cpu with a bounded full.max_steps to train on CPU anyway."
         )
 
-    def defaults_for(self, device: ConcreteDevice) -> DeviceDefaults:
-        """The runtime defaults for a resolved device: the parameter file's, else the profile's (an
-        accelerator, CUDA or Apple's MPS, takes the `gpu` ones)."""
+    def defaults_for(self, device: ConcreteDevice, model: ModelProfile | None = None) -> DeviceDefaults:
+        """The runtime defaults for a resolved device: the parameter file's, else the profile's of the
+        model trained (`model`: a start model's; None: the file's), an accelerator (CUDA, Apple's MPS)
+        taking the `gpu` ones."""
+        profile = model or self.model_profile()
         if device != "cpu":
-            return self.runtime.gpu or self.model_profile().gpu
-        return self.runtime.cpu or self.model_profile().cpu
+            return self.runtime.gpu or profile.gpu
+        return self.runtime.cpu or profile.cpu

@@ -1,24 +1,34 @@
-"""The evaluate stage: the full run's chosen checkpoint measured on the held-out test split, its samples,
-and its scores on the standard benchmarks the parameter file lists (lm-evaluation-harness); cached on the
-checkpoint's content hash, the test token file's, the settings and the benchmark tasks' own files."""
+"""The evaluate stage: the trained run's chosen checkpoint measured on the held-out test split, its
+samples, and its scores on the standard benchmarks the parameter file lists (lm-evaluation-harness);
+cached on the checkpoint's content hash, the test token file's, the settings and the benchmark tasks' own
+files. Recorded by registering the checkpoint as a version of the iteration's model (champion or
+challenger, on this test split)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gptcore.errors import ConfigError
+from gptcore.eval.benchmarks import BenchmarkScores
+from gptcore.eval.held_out import HeldOutRecord
 from gptcore.tools.atomic import write_json_atomic, write_text_atomic
-from gptcore.tools.fingerprint import code_version_of, fingerprint
-from tasks.caching import stage_task
-from tasks.params.schema import PipelineParams
-from tasks.results import CheckpointsResult, EvaluateResult, TokensResult, file_record
-from tasks.stages.training import announce, run_directory
+from tasks.caching import StageOutcome
+from tasks.results import CheckpointsResult, Record, StageResult, file_record
+from tasks.stage import Stage, announce
+from tasks.stages.device import DeviceResult
+from tasks.stages.reading import ReadCheckpoint
+from tasks.stages.tokens import TokensResult
+from tasks.stages.training import run_directory
 
 if TYPE_CHECKING:
-    from gptcore.eval.benchmarks import BenchmarkScores
+    from tasks.params.schema import PipelineParams
+    from tasks.tracking import PipelineRecorder
     from tasks.tracking.models.gate import BenchmarkGate
 
+R = TypeVar("R", bound=StageResult)
 EVALUATION_FILE = "evaluation.json"
 SAMPLES_FILE = "samples.md"
 BENCHMARKS_FILE = "benchmarks.json"
@@ -33,50 +43,102 @@ _FIGURES = (
 )
 
 
-def evaluated_checkpoint(params: PipelineParams, full: CheckpointsResult) -> Path:
-    """The checkpoint `evaluate.checkpoint` names in the trained (or merged) folder, by the rule every
-    reader follows (`gptcore.checkpoint.load.whole_checkpoint`): one missing or damaged is passed over
-    for final, then the newest whole one, with a line saying so, so a retry never fails on it forever."""
-    from gptcore.checkpoint.load import whole_checkpoint
-
-    path, passed_over = whole_checkpoint(Path(full.run_directory), params.evaluate.checkpoint)
-    if passed_over:
-        announce(f"evaluate: {'; '.join(passed_over)}; evaluating {path.name} instead")
-    return path
+class EvaluateResult(StageResult):
+    checkpoint: str  # the checkpoint evaluated
+    evaluation: Record[HeldOutRecord]  # figures and samples
+    benchmarks: Record[BenchmarkScores] = BenchmarkScores({}, {})  # none listed: empty
 
 
-def checkpoint_digest(full: CheckpointsResult, checkpoint: Path) -> str:
-    """The checkpoint's sha256 as the stage that wrote it recorded it (checked unchanged when it was
-    taken from the cache), else computed."""
-    from gptcore.tools.fingerprint import sha256_file
+@dataclass(frozen=True, kw_only=True)
+class Evaluate(Stage[EvaluateResult]):
+    """Test loss, perplexity and bits per byte of the checkpoint, beside the unigram baseline; samples;
+    computed holding the device's slot (`tasks.device_slot`), as training does."""
 
-    return full.files.get(str(checkpoint)) or sha256_file(checkpoint)
+    result_type = EvaluateResult
+    name: str = "evaluate"
+    tokens: TokensResult
+    device: DeviceResult
+    trained: CheckpointsResult  # the full stage's, or a fine-tune's merged checkpoints
+    lineage: dict[str, str] | None = None  # the tags of a version trained from a start model
 
+    @cached_property
+    def read(self) -> ReadCheckpoint:
+        return ReadCheckpoint.evaluated(self.params, self.trained)
 
-def evaluate_fingerprint(params: PipelineParams, tokens: TokensResult, digest: str, device: str) -> str:
-    import gptcore.data.batches
-    import gptcore.eval.held_out
-    import gptcore.generate
-    import gptcore.model.gpt
-    import gptcore.train.validate
+    def key(self) -> tuple[Any, ...]:
+        tokens = self.tokens
+        return (
+            "evaluate",
+            self.read.digest,
+            tokens.files.get(tokens.test),
+            tokens.files.get(tokens.train),  # the unigram baseline's counts
+            self.params.evaluate.model_dump(),
+            self.device.runtime.device,
+            *benchmark_identity(self.params),
+        )
 
-    code = code_version_of(
-        gptcore.eval.held_out,
-        gptcore.generate,
-        gptcore.train.validate,
-        gptcore.model.gpt,
-        gptcore.data.batches,
-    )
-    return fingerprint(
-        "evaluate",
-        digest,
-        tokens.files.get(tokens.test),
-        tokens.files.get(tokens.train),  # the unigram baseline's counts
-        params.evaluate.model_dump(),
-        device,
-        code,
-        *benchmark_identity(params),
-    )
+    def compute(self, fingerprint: str | None) -> EvaluateResult:
+        from gptcore.eval.held_out import evaluate_held_out
+        from tasks.device_slot import device_slot
+
+        params, tokens, device = self.params, self.tokens, self.device.runtime.device
+        checkpoint, tokenizer = self.read.checkpoint, Path(tokens.tokenizer_path)
+        with device_slot(device, announce=announce):  # alone on the device: no training beside it
+            record = evaluate_held_out(
+                checkpoint, Path(tokens.train), Path(tokens.test), tokenizer, params.evaluate, device
+            )
+            scores = _benchmarks(params, checkpoint, tokenizer, device)
+        folder = run_directory(params, "evaluate", fingerprint)
+        folder.mkdir(parents=True, exist_ok=True)
+        evaluation = write_json_atomic(folder / EVALUATION_FILE, record.to_dict())
+        samples = write_text_atomic(folder / SAMPLES_FILE, record.samples_markdown())
+        written = [evaluation, samples]
+        if scores is not None:
+            written.append(write_json_atomic(folder / BENCHMARKS_FILE, scores.to_dict()))
+        figures = {name: getattr(record, name) for name in _FIGURES}
+        figures.update(scores.figures() if scores is not None else {})
+        if record.samples:
+            first = record.samples[0]
+            figures["sample"] = " ".join(f"{first.prompt}⟶{first.greedy}".split())[:160]
+        bits = record.test_bits_per_byte or float("nan")
+        announce(
+            f"evaluate: test loss {record.test_loss:.4f} ({bits:.4f} bits/byte) against the unigram "
+            f"{record.unigram_test_loss:.4f}; samples in {samples}"
+        )
+        return EvaluateResult(
+            fingerprint=fingerprint,
+            checkpoint=str(checkpoint),
+            evaluation=record,
+            benchmarks=scores or BenchmarkScores({}, {}),
+            files=file_record(*written),
+            outputs=[str(path) for path in written],
+            figures=figures,
+        )
+
+    def record(self, outcome: StageOutcome, tracking: PipelineRecorder) -> StageOutcome:
+        """The checkpoint registered as a version (a fine-tune's with its lineage as tags), its figures
+        joined by the registration's (version, alias)."""
+        from tasks.tracking.models.registry import registered_name
+        from tasks.tracking.models.test_split import split_tags
+
+        result = outcome.result
+        bits = outcome.figures.get("test_bits_per_byte")
+        if isinstance(result, EvaluateResult) and isinstance(bits, float):
+            name = registered_name(self.params)
+            gate = benchmark_gate(self.params, result)
+            registration = tracking.register_evaluated(
+                name, self.read.checkpoint, self.read.digest, bits, self.lineage,
+                result.benchmarks.figures(), gate, split_tags(self.tokens.test),
+            )  # fmt: skip
+            if registration is not None:
+                if registration.not_compared:
+                    announce(
+                        f"evaluate: {name} version {registration.model_version}: {registration.not_compared}"
+                    )
+                figures = {**outcome.figures, **registration.figures()}
+                outcome.result = result.model_copy(update={"figures": figures})
+        tracking.record_stage(outcome)
+        return outcome
 
 
 def benchmark_identity(params: PipelineParams) -> tuple[str, ...]:
@@ -92,63 +154,15 @@ def benchmark_identity(params: PipelineParams) -> tuple[str, ...]:
     return (version("lm_eval"), task_files_digest(Path(include)) if include else "")
 
 
-@stage_task("evaluate")
-def evaluate_task(
-    fingerprint: str, params: PipelineParams, tokens: TokensResult, checkpoint: str, device: str
-) -> EvaluateResult:
-    """Test loss, perplexity and bits per byte of the checkpoint, beside the unigram baseline; samples.
-    Computed holding the device's slot (`tasks.device_slot`), as training does."""
-    from gptcore.eval.held_out import evaluate_held_out
-    from tasks.device_slot import device_slot
-
-    with device_slot(device, announce=announce):  # alone on the device: no training beside it
-        record = evaluate_held_out(
-            Path(checkpoint),
-            Path(tokens.train),
-            Path(tokens.test),
-            Path(tokens.tokenizer_path),
-            params.evaluate,
-            device,
-        )
-        scores = _benchmarks(params, Path(checkpoint), Path(tokens.tokenizer_path), device)
-    folder = run_directory(params, "evaluate", fingerprint)
-    folder.mkdir(parents=True, exist_ok=True)
-    evaluation = write_json_atomic(folder / EVALUATION_FILE, record.to_dict())
-    samples = write_text_atomic(folder / SAMPLES_FILE, record.samples_markdown())
-    written = [evaluation, samples]
-    if scores is not None:
-        written.append(write_json_atomic(folder / BENCHMARKS_FILE, scores.to_dict()))
-    figures = {name: getattr(record, name) for name in _FIGURES}
-    figures.update(scores.figures() if scores is not None else {})
-    if record.samples:
-        first = record.samples[0]
-        figures["sample"] = " ".join(f"{first.prompt}⟶{first.greedy}".split())[:160]
-    bits = record.test_bits_per_byte or float("nan")
-    announce(
-        f"evaluate: test loss {record.test_loss:.4f} ({bits:.4f} bits/byte) against the unigram "
-        f"{record.unigram_test_loss:.4f}; samples in {samples}"
-    )
-    return EvaluateResult(
-        fingerprint=fingerprint,
-        checkpoint=checkpoint,
-        evaluation=record.to_dict(),
-        benchmarks=scores.to_dict() if scores is not None else {},
-        files=file_record(*written),
-        outputs=[str(path) for path in written],
-        figures=figures,
-    )
-
-
 def benchmark_gate(params: PipelineParams, result: EvaluateResult) -> BenchmarkGate | None:
     """`evaluate.benchmark_gate` with this evaluation's figure (None: no gate); a figure the task did not
     produce is a ConfigError naming those it did."""
     figure = params.evaluate.benchmark_gate
     if figure is None:
         return None
-    from gptcore.eval.benchmarks import BenchmarkScores
     from tasks.tracking.models.gate import BenchmarkGate
 
-    scores = BenchmarkScores.from_dict(result.benchmarks)
+    scores = result.benchmarks
     task, _, metric = figure.partition("/")
     if figure not in scores.figures():
         produced = ", ".join(scores.tasks.get(task, {})) or "none"
@@ -173,3 +187,17 @@ def _benchmarks(
     shown = ", ".join(f"{name} {value:.4g}" for name, value in scores.figures().items() if is_headline(name))
     announce(f"evaluate: benchmarks (lm-evaluation-harness): {shown}")
     return scores
+
+
+@dataclass(frozen=True, kw_only=True)
+class AfterEvaluation(Stage[R]):
+    """What a stage after the evaluate stage reads: the checkpoint it measured, of the trained (or merged)
+    run, with the tokens it was measured on."""
+
+    tokens: TokensResult
+    trained: CheckpointsResult
+    evaluated: EvaluateResult
+
+    @cached_property
+    def read(self) -> ReadCheckpoint:
+        return ReadCheckpoint.of(self.trained, Path(self.evaluated.checkpoint))

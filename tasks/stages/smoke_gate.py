@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from gptcore.errors import TrainingError
 from gptcore.runtime.device import DeviceReport
+from gptcore.tools.records import JSONObject
 from gptcore.train.guards import uniform_loss
 
 # How far the last validation loss may sit above the first, in nats: same examples, so no sampling
@@ -84,7 +84,7 @@ class GateResult:
             )
         return "none"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {**asdict(self), "passed": self.passed}
 
 

@@ -15,14 +15,48 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gptcore.data.tokenizer import TokenizerManifest
 from gptcore.errors import ConfigError
 from gptcore.model.config import ModelConfig
 from gptcore.tools.atomic import publish_directory, staging_directory
 from gptcore.tools.fingerprint import sha256_file
+from tasks.params.jobs import TrainingStart
 from tasks.params.schema import ModelProfile, PipelineParams
-from tasks.results import BaseResult, file_record
+from tasks.results import Record, StageResult, file_record
+from tasks.stages.corpus import corpus_for, data_root
+from tasks.stages.tokenizer import CorpusSummary, TokenizerResult
 
 BASE_MODELS = "base-models"  # under paths.data_root
+
+
+class BaseResult(StageResult):
+    uri: str  # finetune.model or full.init_from as given
+    lineage: dict[str, str]  # base_model_uri, base_registered_model, base_model_version, ...
+    folder: str  # the model's files, kept under <data_root>/base-models
+    weights_sha256: str
+    model: ModelProfile  # what training builds: the model's own architecture (`start_profile`)
+    tokenizer: Record[TokenizerManifest]  # the model's tokenizer over the run's corpus
+    base_test_tokens: str | None = None  # a fine-tune's base corpus's test split (None: not found)
+
+    def start(self) -> TrainingStart:
+        """Where training starts: this model's architecture and its kept files."""
+        return TrainingStart(self.model, Path(self.folder))
+
+    def tokenizer_result(self) -> TokenizerResult:
+        """The model's tokenizer as the tokens stage takes a trained one."""
+        manifest = self.tokenizer
+        return TokenizerResult(
+            fingerprint=manifest.fingerprint,
+            tokenizer=manifest,
+            corpus=CorpusSummary(fingerprint=manifest.corpus_fingerprint),
+            files={manifest.path: manifest.sha256},
+            outputs=[manifest.path],
+        )
+
+    def lineage_tags(self) -> dict[str, str]:
+        """What a version trained from this model says of it in its tags: the model (URI, registered
+        name and version or source) and its weights' sha256."""
+        return {**self.lineage, "base_weights_sha256": self.weights_sha256}
 
 
 @dataclass(frozen=True)
@@ -102,11 +136,11 @@ def resolve_start(params: PipelineParams, start: StartModel) -> BaseResult:
     manifest over the parameter file's corpus, as the tokens stage takes a trained tokenizer's."""
     from gptcore.export.model_files import model_files_in
 
-    data_root = Path(params.paths.data_root).resolve()
+    root = data_root(params)
     with tempfile.TemporaryDirectory(prefix="gptpipe-base-") as scratch:
         checked = check_start(params, start, Path(scratch))
         files = checked.files
-        folder = _kept_copy(files, data_root / BASE_MODELS / sha256_file(files.weights)[:16])
+        folder = _kept_copy(files, root / BASE_MODELS / sha256_file(files.weights)[:16])
     kept = model_files_in(folder)
     return BaseResult(
         fingerprint=None,  # never cached: a model URI may name another version tomorrow
@@ -115,22 +149,11 @@ def resolve_start(params: PipelineParams, start: StartModel) -> BaseResult:
         folder=str(folder),
         weights_sha256=sha256_file(kept.weights),
         model=checked.model,
-        tokenizer=_tokenizer_manifest(params, kept.tokenizer, data_root),
+        tokenizer=_tokenizer_manifest(params, kept.tokenizer, root),
         files=file_record(kept.weights, kept.config, kept.tokenizer),
         outputs=[str(folder)],
         figures={"base_model_uri": start.uri, **checked.lineage},
     )
-
-
-def started_from(params: PipelineParams, base: BaseResult) -> PipelineParams:
-    """The parameters with the start model as what training builds and loads: its architecture (`model`)
-    and its kept files as the weights (`finetune.weights` for a fine-tune, `full.init_weights` for
-    continued pretraining)."""
-    if params.finetune is not None:
-        weights = {"finetune": params.finetune.model_copy(update={"weights": base.folder})}
-    else:
-        weights = {"full": params.full.model_copy(update={"init_weights": base.folder})}
-    return params.model_copy(update={"model": base.model, **weights})
 
 
 def _kept_copy(files: Any, folder: Path) -> Path:
@@ -144,18 +167,15 @@ def _kept_copy(files: Any, folder: Path) -> Path:
     return folder
 
 
-def _tokenizer_manifest(params: PipelineParams, tokenizer: Path, data_root: Path) -> dict[str, Any]:
+def _tokenizer_manifest(params: PipelineParams, tokenizer: Path, root: Path) -> TokenizerManifest:
     """The model's tokenizer as the tokens stage takes one: a tokenizer manifest over the corpus."""
     import tokenizers
 
-    from gptcore.data.tokenizer import TokenizerManifest
-    from tasks.stages.data import corpus_for
-
     loaded = tokenizers.Tokenizer.from_file(str(tokenizer))  # checked by `check_start`
     size, end_of_text = loaded.get_vocab_size(with_added_tokens=True), params.tokenizer.end_of_text
-    corpus = corpus_for(params.corpus, data_root, fresh=True).fingerprint
+    corpus = corpus_for(params.corpus, root, fresh=True).fingerprint
     digest = sha256_file(tokenizer)
-    manifest = TokenizerManifest(
+    return TokenizerManifest(
         fingerprint=f"base-{digest[:16]}",
         corpus_fingerprint=corpus,  # the text encoded: this corpus, with the model's vocabulary
         path=str(tokenizer),
@@ -169,4 +189,3 @@ def _tokenizer_manifest(params: PipelineParams, tokenizer: Path, data_root: Path
         tokenizers_version=tokenizers.__version__,
         code_version="base-model",
     )
-    return manifest.to_dict()

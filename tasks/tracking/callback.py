@@ -17,14 +17,22 @@ from the checkpoint a resume starts from.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
 
-from gptcore.train.callbacks import TrainingCallback
+from gptcore.errors import CheckpointError
+from gptcore.tools.records import JSONObject
+from gptcore.train.callbacks import CheckpointInfo, TrainingCallback
 from gptcore.train.records import EvalRecord, StartupRecord, StepRecord, SummaryRecord
 from tasks.tracking.datasets import token_file_inputs
-from tasks.tracking.delivery.writer import RunWriter
+from tasks.tracking.delivery.writer import DeliverySettings, RunWriter
 from tasks.tracking.store import redact
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from tasks.tracking.system_metrics import WriterSystemMetrics
 
 RUN_ID_KEY = "mlflow_run_id"
 
@@ -35,7 +43,7 @@ class MLflowCallback(TrainingCallback):
 
     def __init__(
         self,
-        client: Any,
+        client: MlflowClient,
         tracking_uri: str,
         experiment_id: str,
         run_name: str,
@@ -43,19 +51,15 @@ class MLflowCallback(TrainingCallback):
         run_id: str | None = None,
         parent_run_id: str | None = None,
         tags: dict[str, str] | None = None,
-        params: dict[str, Any] | None = None,
+        params: Mapping[str, object] | None = None,
         artifacts: list[Path] | None = None,
-        datasets: dict[str, Any] | None = None,
+        datasets: Mapping[str, str | Path] | None = None,
         system_metrics: bool = True,
         log_checkpoints: bool = True,
-        flush_seconds: float = 1.0,
-        retries: int = 3,
-        backoff_seconds: float = 0.5,
-        answer_seconds: float = 30.0,
-        probe_seconds: float = 5.0,
+        delivery: DeliverySettings = DeliverySettings(),
         outbox: Path | None = None,
         writer: RunWriter | None = None,
-        stream: Any = None,
+        stream: TextIO | None = None,
     ) -> None:
         self.client = client
         self.tracking_uri = tracking_uri
@@ -72,26 +76,17 @@ class MLflowCallback(TrainingCallback):
         # A writer shared with the caller (a pipeline's stage runs) is the caller's to close: one
         # queue keeps a stage run's creation before its records, even when both wait out an outage.
         self._owns_writer = writer is None
-        self.writer = writer or RunWriter(
-            client,
-            retries=retries,
-            backoff_seconds=backoff_seconds,
-            flush_seconds=flush_seconds,
-            answer_seconds=answer_seconds,
-            probe_seconds=probe_seconds,
-            outbox=outbox,
-            name=f"mlflow-{run_name}",
-        )
+        self.writer = writer or RunWriter(client, delivery=delivery, outbox=outbox, name=f"mlflow-{run_name}")
         self.writer.on_created(self._created)
         self.stream = stream
         # The trainer writes this dict into every checkpoint record (TrainJob.metadata): pass it there.
-        self.metadata: dict[str, Any] = {}
+        self.metadata: dict[str, str] = {}
         self.continued = False
         self.checkpoints: dict[str, Path] = {}
         self.models: dict[str, str] = {}  # checkpoint kind -> logged model id
-        self.report: dict[str, Any] = {}
+        self.report: JSONObject = {}  # the run's id and status, and its writer's counts (`WriterReport`)
         self._opened = False
-        self._monitor: Any = None
+        self._monitor: WriterSystemMetrics | None = None
         self._closed = False
 
     # --- the run ----------------------------------------------------------------------------------
@@ -103,7 +98,7 @@ class MLflowCallback(TrainingCallback):
         from gptcore.checkpoint.files import checkpoint_metadata
 
         try:
-            prior = checkpoint_metadata(Path(resumed_from)).get("metadata", {}).get(RUN_ID_KEY)
+            prior = checkpoint_metadata(Path(resumed_from)).metadata.get(RUN_ID_KEY)
         except Exception:  # an unreadable record: the trainer itself reports it
             return None
         if not prior:
@@ -198,8 +193,8 @@ class MLflowCallback(TrainingCallback):
         if self.run_id is not None:
             self.writer.log_metrics(self.run_id, EvalRecord.metrics(record), record.step)
 
-    def on_checkpoint(self, path: Path, info: dict[str, Any]) -> None:
-        kind = info.get("kind", "step")
+    def on_checkpoint(self, path: Path, info: CheckpointInfo) -> None:
+        kind = str(info.get("kind", "step"))
         self.checkpoints["latest" if kind == "step" else kind] = Path(path)
         self.checkpoints["newest"] = Path(path)
         if self.run_id is not None:
@@ -231,7 +226,11 @@ class MLflowCallback(TrainingCallback):
         from gptcore.checkpoint.files import checkpoint_metadata
         from gptcore.checkpoint.load import holds_adapters
 
-        if holds_adapters(checkpoint_metadata(path)):
+        try:
+            adapted = holds_adapters(checkpoint_metadata(path))
+        except CheckpointError:  # no model to log: said by the writer, as the checkpoint's business
+            adapted = False
+        if adapted:
             return
         model_id = self.writer.log_model(
             self.run_id, self.experiment_id, path, kind, {"stage": self.run_name}
@@ -239,7 +238,7 @@ class MLflowCallback(TrainingCallback):
         if model_id:
             self.models[kind] = model_id
 
-    def _finish(self, status: str, tags: dict[str, Any]) -> None:
+    def _finish(self, status: str, tags: dict[str, str]) -> None:
         if self._closed:
             return
         self._closed = True
@@ -268,7 +267,7 @@ class MLflowCallback(TrainingCallback):
         print(message, file=self.stream or sys.stderr, flush=True)
 
 
-def _run_exists(client: Any, run_id: str) -> bool:
+def _run_exists(client: MlflowClient, run_id: str) -> bool:
     try:
         client.get_run(run_id)
     except Exception:  # MLflow's "not found" for a run of another store, among others

@@ -8,14 +8,18 @@ synthetic one, has nothing to declare and is left out.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow.entities import DatasetInput
 
 # The `mlflow.data.context` a split is read in.
 CONTEXTS = {"train": "training", "validation": "validation", "test": "test"}
 
 
-def token_file_inputs(files: dict[str, Any]) -> list[Any]:
+def token_file_inputs(files: Mapping[str, str | Path | None]) -> list[DatasetInput]:
     """`DatasetInput`s for {split: token file path}; entries that are not files with a manifest are
     skipped."""
     from mlflow.entities import Dataset, DatasetInput, InputTag

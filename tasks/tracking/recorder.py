@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from gptcore.tools.fingerprint import sha256_file
+from gptcore.tools.records import JSONObject
 from gptcore.train.records import finite_metrics
 from tasks.tracking.callback import RUN_ID_KEY, MLflowCallback
 from tasks.tracking.datasets import token_file_inputs
@@ -24,14 +26,50 @@ from tasks.tracking.delivery.writer import RunWriter
 from tasks.tracking.session import TrackingSession, run_label
 from tasks.tracking.store import TrackingError, environment_tags, git_commit, redact
 
+if TYPE_CHECKING:
+    from gptcore.eval.quant_tradeoff import TradeoffRow
+    from tasks.caching import StageOutcome
+    from tasks.params.schema import ModelProfile, PipelineParams
+    from tasks.results import StageResult
+    from tasks.tracking.models.gate import BenchmarkGate
+    from tasks.tracking.models.registry import Registration
+
 TRAINING_STAGES = ("smoke", "full")
-_FILES_KEY = "files"  # a stage manifest's {path: sha256} of its outputs (tasks.caching.FILES_KEY)
 
 
-def _stage_fingerprint(manifest: dict[str, Any]) -> str | None:
-    if manifest.get("fingerprint"):
-        return str(manifest["fingerprint"])
-    files = manifest.get(_FILES_KEY)
+class QuantizedModels(Protocol):
+    """What the quantize stage's result (`tasks.stages.quantize.QuantizeResult`, which imports this
+    package) hands its record: the trade-off table's rows, the machine's facts, each method's files."""
+
+    @property
+    def rows(self) -> Sequence[TradeoffRow]: ...
+
+    @property
+    def machine(self) -> Mapping[str, object]: ...
+
+    @property
+    def model_folders(self) -> Mapping[str, str]: ...
+
+
+class FlowSummary(Protocol):
+    """What a flow's report (`flows.report.PipelineReport`) hands its parent run at the end: its stages'
+    outcomes, its markdown and its headline figures."""
+
+    @property
+    def outcomes(self) -> Mapping[str, StageOutcome]: ...
+
+    def markdown(self) -> str: ...
+
+    def headline(self) -> dict[str, float]: ...
+
+
+def _stage_fingerprint(result: StageResult | None) -> str | None:
+    """The stage's fingerprint; for a stage never cached, a digest of its outputs' contents."""
+    if result is None:
+        return None
+    if result.fingerprint:
+        return result.fingerprint
+    files = result.files
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16] if files else None
 
 
@@ -42,26 +80,26 @@ class PipelineRecorder:
     session: TrackingSession
     parent_run_id: str
     writer: RunWriter
-    params: Any = None
+    params: PipelineParams | None = None
     name: str = ""  # the parent run's: its stages' runs are named `<stage>-<name>`
     stage_runs: dict[str, str | None] = field(default_factory=dict)
     callbacks: dict[str, MLflowCallback] = field(default_factory=dict)
-    data_params: dict[str, Any] = field(default_factory=dict)
+    data_params: dict[str, str] = field(default_factory=dict)  # the data's fingerprints, as run params
     token_files: dict[str, str] = field(default_factory=dict)  # {split: path}, once the tokens stage ran
     recorded: set[str] = field(default_factory=set)
 
     @classmethod
     def start(
         cls,
-        params: Any,
+        params: PipelineParams,
         params_path: Path,
         flow_run_id: str = "",
         root: Path | None = None,
-        trial: dict[str, Any] | None = None,
+        trial: JSONObject | None = None,
     ) -> PipelineRecorder:
         """Check the store and open the parent run; a TrackingError (before any stage) if unreachable.
-        A sweep's `trial` ({"parent_run_id", "name", "values"}) makes it a child run of the sweep's run,
-        named for the trial, with each swept key's value as a `sweep.<key>` param."""
+        A sweep's `trial` (its JSON: {"parent_run_id", "name", "values", "kind"}) makes it a child run of
+        the sweep's run, named for the trial, with each swept key's value as a `sweep.<key>` param."""
         session = TrackingSession.open(params.tracking, root=root)
         params_path = Path(params_path)
         commit = git_commit()
@@ -92,11 +130,12 @@ class PipelineRecorder:
         writer.log_artifact(parent, params_path, "params")
         writer.log_params(parent, params.model_params() | params.optimizer_params())
         if trial:
-            swept = trial.get("values", {})
-            writer.log_params(parent, {f"sweep.{key}": value for key, value in swept.items()})
+            swept = trial.get("values") or {}
+            if isinstance(swept, dict):
+                writer.log_params(parent, {f"sweep.{key}": value for key, value in swept.items()})
         return _champion_settled(recorder)
 
-    def log_params(self, values: dict[str, Any]) -> None:
+    def log_params(self, values: Mapping[str, object]) -> None:
         """More params of the flow's run (a fine-tune's base and adapters, known once the base resolved)."""
         self.writer.log_params(self.parent_run_id, values)
 
@@ -126,14 +165,15 @@ class PipelineRecorder:
             self.writer.flush()  # its creation is queued ahead: a bounded wait, none while away
         return self.writer.resolved(run)
 
-    def training_callback(self, stage: str) -> MLflowCallback | None:
+    def training_callback(self, stage: str, model: ModelProfile | None = None) -> MLflowCallback | None:
         """The callback a training stage runs with, recording into the stage's child run."""
         if stage not in self.callbacks:
             run_id = self.stage_run(stage)
             if run_id is None:
                 return None  # no stage run to record into: the training goes on untracked
             section = "smoke" if stage == "smoke" else "full"  # a fine-tune trains with the full section
-            recipe = {} if self.params is None else self.params.model_params()
+            # the model it builds (a start model's own, as its stage resolved it), its optimizer
+            recipe = model.as_params() if model is not None else {}
             recipe |= {} if self.params is None else self.params.optimizer_params(section)
             params = {**recipe, **self.data_params}
             self.callbacks[stage] = self.session.training_callback(
@@ -147,16 +187,11 @@ class PipelineRecorder:
             )
         return self.callbacks[stage]
 
-    def context(self, stage: str) -> dict[str, Any]:
-        """What a training task needs: its callback (its `metadata` goes into TrainJob.metadata), ids."""
-        callback = self.training_callback(stage)
-        return {
-            "callbacks": [callback] if callback is not None else [],
-            "tracking_uri": redact(self.session.target.uri),
-            "experiment_id": self.session.experiment_id,
-            "parent_run_id": self.parent_run_id,
-            "run_id": callback.run_id if callback is not None else None,
-        }
+    def training_callbacks(self, stage: str, model: ModelProfile) -> list[MLflowCallback]:
+        """What a training stage trains with: the callback recording into its stage run (none when the
+        store refused the run), its `metadata` what every checkpoint carries of the run."""
+        callback = self.training_callback(stage, model)
+        return [callback] if callback is not None else []
 
     def log_models(self, stage: str, checkpoints: list[Path]) -> None:
         """Checkpoints a stage wrote that training did not log (a LoRA fine-tune's merged ones) as
@@ -169,9 +204,9 @@ class PipelineRecorder:
 
     def register_evaluated(
         self, name: str, checkpoint: Path, digest: str, test_bits_per_byte: float,
-        lineage: dict | None = None, benchmarks: dict[str, float] | None = None, gate: Any = None,
-        split: dict[str, str] | None = None,
-    ) -> Any:  # fmt: skip
+        lineage: dict | None = None, benchmarks: dict[str, float] | None = None,
+        gate: BenchmarkGate | None = None, split: dict[str, str] | None = None,
+    ) -> Registration | None:  # fmt: skip
         """The evaluated checkpoint registered as a version of `name`, champion or challenger
         (`tasks.tracking.models.registry`), a fine-tune's tagged with its `lineage`, every version with
         its `benchmarks` figures and the test `split` it was measured on, held back by the benchmark
@@ -186,8 +221,9 @@ class PipelineRecorder:
         return self.writer.ask("register", register, *arguments, benchmarks, gate, split)
 
     def record_quantized(
-        self, name: str, result: Any, digest: str, may_hold_champion: bool, split: dict | None = None
-    ) -> dict[str, Any]:
+        self, name: str, result: QuantizedModels, digest: str, may_hold_champion: bool,
+        split: dict[str, str] | None = None,
+    ) -> dict[str, Registration | None]:  # fmt: skip
         """The quantize stage's table and models in MLflow (`quantized.record_tradeoff`, each step through
         the writer), measured on the test `split`: each method's registration (None: the store was away)."""
         from tasks.tracking.models.quantized import record_tradeoff
@@ -199,7 +235,8 @@ class PipelineRecorder:
         if run_id is None:
             return {}
         client, experiment = self.session.client, self.session.experiment_id
-        arguments = (result.rows, result.model_folders, digest, may_hold_champion, self.writer.ask, split)
+        rows, folders = list(result.rows), dict(result.model_folders)
+        arguments = (rows, folders, digest, may_hold_champion, self.writer.ask, split)
         return record_tradeoff(client, experiment, run_id, name, *arguments)
 
     def producing_run(self, stage: str, fingerprint: str, exclude: str) -> str | None:
@@ -217,22 +254,22 @@ class PipelineRecorder:
         )
         return next((run.info.run_id for run in runs or [] if run.info.run_id != exclude), None)
 
-    def record_stage(self, outcome: Any) -> str | None:
-        """Record a StageOutcome (name, state, result, seconds, message) in its child run; end it."""
+    def record_stage(self, outcome: StageOutcome) -> str | None:
+        """Record a stage's outcome (name, state, result, seconds, message) in its child run; end it."""
         result = outcome.result
         name, state = outcome.name, outcome.state
         manifest = result.model_dump(mode="json") if result is not None else {}
         run_id = self.stage_run(name)
         self.recorded.add(name)
-        if name == "tokens" and manifest.get("fingerprint"):
-            self.data_params["data.tokens_fingerprint"] = manifest["fingerprint"]
-            self.token_files = {split: manifest[split] for split in ("train", "validation", "test")}
-        if name == "tokenizer" and manifest.get("fingerprint"):
-            self.data_params["data.tokenizer_fingerprint"] = manifest["fingerprint"]
+        if name == "tokens" and result is not None and result.fingerprint:
+            self.data_params["data.tokens_fingerprint"] = result.fingerprint
+            self.token_files = {split: str(manifest[split]) for split in ("train", "validation", "test")}
+        if name == "tokenizer" and result is not None and result.fingerprint:
+            self.data_params["data.tokenizer_fingerprint"] = result.fingerprint
         if run_id is None:
             return None
-        fingerprint = _stage_fingerprint(manifest)
-        tags: dict[str, Any] = {
+        fingerprint = _stage_fingerprint(result)
+        tags: dict[str, str | float | None] = {
             "state": state,
             "cached": "true" if state == "cached" else "false",
             "stage_fingerprint": fingerprint,
@@ -245,39 +282,37 @@ class PipelineRecorder:
         callback = self.callbacks.get(name)
         trained_here = callback is not None and callback.metadata.get(RUN_ID_KEY) is not None
         if not trained_here:  # the callback logged training figures itself
-            figures = manifest.get("figures", {})
+            figures = result.figures if result is not None else {}
             self.writer.log_metrics(run_id, finite_metrics(figures, tuple(figures)), 0)
-        if manifest and name not in TRAINING_STAGES:
-            self._log_manifest(run_id, manifest)
+        if result is not None and name not in TRAINING_STAGES:
+            self._log_manifest(run_id, manifest, result.files)
         if name == "evaluate" and "test" in self.token_files:
             self.writer.log_inputs(run_id, token_file_inputs({"test": self.token_files["test"]}))
         self.writer.set_terminated(run_id, "FAILED" if state == "failed" else "FINISHED")
         return run_id
 
-    def _log_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
-        """The stage manifest, and the JSON and markdown files among its outputs (tokenizer.json, token
-        manifests, the evaluation and its samples)."""
+    def _log_manifest(self, run_id: str, manifest: JSONObject, files: Mapping[str, str]) -> None:
+        """The stage manifest (its result's JSON), and the JSON and markdown files among its outputs
+        (tokenizer.json, token manifests, the evaluation and its samples)."""
         self.writer.log_dict(run_id, manifest, "stage_manifest.json")
-        for path in manifest.get(_FILES_KEY, {}):
-            if str(path).endswith((".json", ".md")):
+        for path in files:
+            if path.endswith((".json", ".md")):
                 self.writer.log_artifact(run_id, Path(path), "outputs")
 
-    def finish(self, report: Any = None, failed: bool | None = None) -> None:
-        """End the parent run: FAILED when any stage failed (from `report.to_dict()` or `failed`)."""
+    def finish(self, report: FlowSummary | None = None, failed: bool | None = None) -> None:
+        """End the parent run: FAILED when any stage failed (one of the `report`'s, or as `failed` says),
+        the report's markdown its `summary.md` and its headline figures its metrics."""
         if failed is None:
-            stages = (
-                (report.to_dict() if hasattr(report, "to_dict") else {}).get("stages", []) if report else []
-            )
-            failed = any(stage.get("state") == "failed" for stage in stages)
+            outcomes = report.outcomes.values() if report is not None else ()
+            failed = any(outcome.state == "failed" for outcome in outcomes)
         for stage, run_id in self.stage_runs.items():
             callback = self.callbacks.get(stage)
             opened = callback is not None and callback.metadata.get(RUN_ID_KEY)
             if run_id is not None and stage not in self.recorded and not opened:
                 # A stage that never ran nor was recorded (failed before start, flow stopped).
                 self.writer.set_terminated(run_id, "KILLED")
-        if report is not None and hasattr(report, "markdown"):
+        if report is not None:
             self.writer.log_text(self.parent_run_id, report.markdown(), "summary.md")
-        if report is not None and hasattr(report, "headline"):
             figures = report.headline()
             self.writer.log_metrics(self.parent_run_id, finite_metrics(figures, tuple(figures)), 0)
         self.writer.flush()

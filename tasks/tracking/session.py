@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.tracking.callback import MLflowCallback
 from tasks.tracking.delivery.writer import OUTBOX_DIRECTORY
 from tasks.tracking.store import TrackingTarget, connect, ensure_experiment, resolve_target
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from gptcore.train.callbacks import TrainingCallback
+    from tasks.params.schema import PipelineParams, TrackingConfig
 
 
 @dataclass
@@ -22,23 +28,22 @@ class TrackingSession:
     """A reachable store and the experiment runs go into."""
 
     target: TrackingTarget
-    client: Any
+    client: MlflowClient
     experiment_id: str
     experiment_name: str
     system_metrics: bool = True
 
     @classmethod
     def open(
-        cls, config: Any = None, experiment: str | None = None, root: Path | None = None
+        cls, config: TrackingConfig | None = None, experiment: str | None = None, root: Path | None = None
     ) -> TrackingSession:
-        """Resolve and check the store (a TrackingError before anything trains), then the experiment.
-
-        `config` is the parameter file's `tracking` section (a TrackingConfig) or None."""
+        """Resolve and check the store (a TrackingError before anything trains), then the experiment:
+        `experiment`, else the parameter file's `tracking.experiment`, else `gptpipe`."""
         target = resolve_target(config, root)
-        name = experiment or getattr(config, "experiment", None) or "gptpipe"
+        name = experiment or (config.experiment if config is not None else None) or "gptpipe"
         client = connect(target)
         experiment_id = ensure_experiment(client, name, target)
-        return cls(target, client, experiment_id, name, bool(getattr(config, "system_metrics", True)))
+        return cls(target, client, experiment_id, name, config.system_metrics if config is not None else True)
 
     def training_callback(self, run_name: str, **options: Any) -> MLflowCallback:
         """An MLflowCallback recording into this session's experiment (see MLflowCallback for options)."""
@@ -58,7 +63,7 @@ class TrackingSession:
         return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
 
 
-def run_label(params: Any, params_path: str | Path | None) -> str:
+def run_label(params: PipelineParams, params_path: str | Path | None) -> str:
     """What a run's name says of it, for comparing runs in the UI: the iteration, the parameter file
     when it is not the iteration's own, and a short fingerprint of the parameters it ran with (its
     `--set` overrides included), so two runs of different settings never share a name."""
@@ -71,7 +76,7 @@ def run_label(params: Any, params_path: str | Path | None) -> str:
     return f"{label}-{fingerprint(params.model_dump(mode='json'), length=8)}"
 
 
-def training_metadata(callbacks: list[Any]) -> dict[str, Any]:
+def training_metadata(callbacks: list[TrainingCallback]) -> dict[str, str]:
     """The dict to pass as `TrainJob.metadata` so checkpoints carry the MLflow run id: the first
     MLflowCallback's live metadata (filled when its run opens, before any checkpoint), else a new dict."""
     for callback in callbacks:
@@ -80,7 +85,7 @@ def training_metadata(callbacks: list[Any]) -> dict[str, Any]:
     return {}
 
 
-def open_training_run(callbacks: list[Any], resumed_from: Path | None = None) -> None:
+def open_training_run(callbacks: list[TrainingCallback], resumed_from: Path | None = None) -> None:
     """Open the MLflow run of the callbacks' MLflowCallback now (continuing the run of the checkpoint a
     resume starts from), before a launch, so the run id is in the job every rank saves checkpoints with."""
     from gptcore.checkpoint.files import latest_checkpoint

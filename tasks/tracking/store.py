@@ -16,11 +16,16 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
 from gptcore.errors import GptpipeError, first_line
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from tasks.params.schema import TrackingConfig
 
 DEFAULT_STORE = "mlruns/mlflow.db"
 DEFAULT_ARTIFACTS = "mlruns/artifacts"
@@ -73,15 +78,15 @@ def _local_target(path: str, artifacts: str, root: Path, source: str) -> Trackin
     return TrackingTarget(f"sqlite:///{database.resolve()}", artifact_root.resolve().as_uri(), source)
 
 
-def resolve_target(config: Any = None, root: Path | None = None) -> TrackingTarget:
-    """The tracking location from the environment, else `config` (a TrackingConfig), else the default.
+def resolve_target(config: TrackingConfig | None = None, root: Path | None = None) -> TrackingTarget:
+    """The tracking location from the environment, else `config`, else the default.
 
     Relative local paths resolve against `root` (the working directory by default)."""
     root = Path(root or Path.cwd())
-    artifacts = getattr(config, "artifact_root", None) or DEFAULT_ARTIFACTS
+    artifacts = (config.artifact_root if config is not None else None) or DEFAULT_ARTIFACTS
     for source, uri in (
         ("MLFLOW_TRACKING_URI", os.environ.get("MLFLOW_TRACKING_URI")),
-        ("tracking.uri", getattr(config, "uri", None)),
+        ("tracking.uri", config.uri if config is not None else None),
     ):
         if not uri:
             continue
@@ -110,7 +115,7 @@ def _probe_http(uri: str) -> None:
         ) from None
 
 
-def connect(target: TrackingTarget) -> Any:
+def connect(target: TrackingTarget) -> MlflowClient:
     """An `MlflowClient` on `target`, proven usable by one read; a clear TrackingError otherwise."""
     # A progress bar per artifact read (MLflow's default) buries the pipeline's own log lines.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -138,7 +143,7 @@ def connect(target: TrackingTarget) -> Any:
         lock.release()
 
 
-def _open(target: TrackingTarget) -> Any:
+def _open(target: TrackingTarget) -> MlflowClient:
     from mlflow import MlflowClient
 
     try:
@@ -150,6 +155,18 @@ def _open(target: TrackingTarget) -> Any:
             refusal(error, target) or f"tracking store {redact(target.uri)} cannot be used: {redact(first)}"
         ) from None
     return client
+
+
+def experiment_id_named(target: TrackingTarget, name: str) -> str | None:
+    """The id of the experiment `name` in the store, read without checking the store first (a page that
+    links to it may be shown before the store is ready); None when there is none or no answer."""
+    from mlflow import MlflowClient
+
+    try:
+        found = MlflowClient(tracking_uri=target.uri).get_experiment_by_name(name)
+    except Exception:  # an unreachable or unreadable store: whoever reads it next says so
+        return None
+    return found.experiment_id if found is not None else None
 
 
 def refusal(error: Exception, target: TrackingTarget) -> str | None:
@@ -173,7 +190,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
-def ensure_experiment(client: Any, name: str, target: TrackingTarget) -> str:
+def ensure_experiment(client: MlflowClient, name: str, target: TrackingTarget) -> str:
     """The id of the experiment `name`, created (artifacts under the target's root) when missing, of the
     kind model training (an existing one is given the kind unless it was set on purpose)."""
     experiment = client.get_experiment_by_name(name)

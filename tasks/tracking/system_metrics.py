@@ -8,8 +8,6 @@ wait out an outage with the run's other metrics and keep their times and steps.
 
 from __future__ import annotations
 
-from typing import Any
-
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
 from tasks.tracking.delivery.writer import RunWriter
@@ -34,7 +32,7 @@ class WriterSystemMetrics(SystemMetricsMonitor):
                 return
             self.publish_metrics(self.aggregate_metrics())
 
-    def publish_metrics(self, metrics: dict[str, Any]) -> None:
+    def publish_metrics(self, metrics: dict[str, float]) -> None:
         prefix = self._metrics_prefix + (f"{self.node_id}/" if self.node_id else "")
         self.writer.log_metrics(self.run, {prefix + k: v for k, v in metrics.items()}, self._logging_step)
         self._logging_step += 1

@@ -15,13 +15,34 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tasks.tracking.delivery.operations import OPERATIONS, PENDING, NotAModel, NotSendable, is_outage, reason
 from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.delivery.queue import Item, RecordQueue
+from tasks.tracking.delivery.records import Record
 from tasks.tracking.delivery.report import WriterReport
 from tasks.tracking.store import redact
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+MEMORY_RECORDS = 10_000  # records held in memory during an outage before the oldest go to the outbox
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """How a writer's loop delivers: one object handed from whoever opens a writer (a training run's
+    callback, a pipeline's recorder, a test) through `RunWriter` to its `DeliveryLoop`."""
+
+    retries: int = 3  # more tries of a failed call, `backoff_seconds * 2**n` apart, before an outage
+    backoff_seconds: float = 0.5
+    flush_seconds: float = 1.0  # the longest a metric waits for others to share its call
+    answer_seconds: float = 30.0  # the longest a caller waits for an answer
+    close_seconds: float = 60.0  # the longest `close` sends what waits before leaving it in the outbox
+    probe_seconds: float = 5.0  # how often a store that went away is tried again
+    memory_records: int = MEMORY_RECORDS  # records held in memory during an outage, then the outbox
 
 
 class DeliveryLoop:
@@ -31,23 +52,14 @@ class DeliveryLoop:
 
     def __init__(
         self,
-        client: Any,
+        client: MlflowClient,
         report: WriterReport,
         outbox: Outbox,
-        *,
-        retries: int,
-        backoff_seconds: float,
-        flush_seconds: float,
-        answer_seconds: float,
-        close_seconds: float,
-        probe_seconds: float,
-        memory_records: int,
+        settings: DeliverySettings,
         name: str,
     ) -> None:
-        self.client, self.report = client, report
-        self.retries, self.backoff_seconds, self.probe_seconds = retries, backoff_seconds, probe_seconds
-        self.answer_seconds, self.close_seconds = answer_seconds, close_seconds
-        self.queue = RecordQueue(outbox, report, memory_records, flush_seconds)
+        self.client, self.report, self.settings = client, report, settings
+        self.queue = RecordQueue(outbox, report, settings.memory_records, settings.flush_seconds)
         self._ready = threading.Condition()  # guards the queue and the state below
         self._created: list[Callable[[str, str], None]] = []
         self._outage_since: float | None = None
@@ -61,7 +73,7 @@ class DeliveryLoop:
 
     # --- the callers' side ------------------------------------------------------------------------------
 
-    def put(self, record: dict[str, Any], answered: bool = False) -> Item | None:
+    def put(self, record: Record, answered: bool = False) -> Item | None:
         """Queue `record`; with `answered`, its caller may wait for the result (`answer`)."""
         item = Item(record=record, answer=Future() if answered else None)
         with self._ready:
@@ -70,7 +82,7 @@ class DeliveryLoop:
                 item.settle(None)
             if self._closed:
                 lost = {"dropped_metrics": 1} if item.op == "metric" else {"given_up_calls": 1}
-                self.report.count(last_error=f"{record['op']}: the writer was closed", **lost)
+                self.report.count(last_error=f"{record.op}: the writer was closed", **lost)
                 return None
             self.queue.append(item)
             self._ready.notify_all()
@@ -92,11 +104,11 @@ class DeliveryLoop:
         if item is None or item.answer is None:
             return None
         try:
-            return item.answer.result(timeout=self.answer_seconds)
+            return item.answer.result(timeout=self.settings.answer_seconds)
         except FutureTimeout:
             with self._ready:  # later asks return at once instead of waiting out the same store
                 self._begin_outage(
-                    f"{item.op}: the tracking store did not answer within {self.answer_seconds:g} s"
+                    f"{item.op}: the tracking store did not answer within {self.settings.answer_seconds:g} s"
                 )
             return None
 
@@ -124,7 +136,8 @@ class DeliveryLoop:
             self._closed = self._closing = True
             self._ready.notify_all()
         away = self._outage_since is not None  # one last try, bounded like any answer
-        bound = min(self.answer_seconds, self.close_seconds) if away else self.close_seconds
+        answer, close = self.settings.answer_seconds, self.settings.close_seconds
+        bound = min(answer, close) if away else close
         self._thread.join(bound)
         if self._thread.is_alive():  # stuck in a call to a store that does not answer
             with self._ready:
@@ -168,7 +181,7 @@ class DeliveryLoop:
         return None
 
     def _deliver(self, group: list[Item]) -> None:
-        attempts = 1 if self._outage_since is not None else self.retries + 1
+        attempts = 1 if self._outage_since is not None else self.settings.retries + 1
         for attempt in range(attempts):
             try:
                 result = self._send(group)
@@ -186,27 +199,28 @@ class DeliveryLoop:
                         return
                     group[0].settle(None)  # its caller goes on now; the record stays first in line
                 if attempt + 1 < attempts:
-                    time.sleep(self.backoff_seconds * 2**attempt)
+                    time.sleep(self.settings.backoff_seconds * 2**attempt)
                     continue
                 with self._ready:
                     self._begin_outage(self.report.last_error)
-                    self._retry_at = time.monotonic() + self.probe_seconds
+                    self._retry_at = time.monotonic() + self.settings.probe_seconds
                 return
             with self._ready:
                 if not self._abandoned:
                     self._done(group, result=result)
                 hooks = list(self._created) if group[0].op == "create_run" and result else []
             for hook in hooks:
-                hook(group[0].record["run"], result)
+                hook(group[0].record.run, result)
             return
 
     def _send(self, group: list[Item]) -> Any:
         first = group[0]
         if first.call is not None:
             return first.call()
-        run = self.resolved(first.record["run"]) if first.op != "create_run" else first.record["run"]
+        key = first.record.run
+        run = self.resolved(key) if first.op != "create_run" else key
         if run is None:
-            raise NotSendable(f"{first.op}: its run {first.record['run']} was never created")
+            raise NotSendable(f"{first.op}: its run {key} was never created")
         if first.op == "metric":
             return OPERATIONS["metric"](self.client, run, [item.record for item in group])
         return OPERATIONS[first.op](self.client, run, first.record)

@@ -1,22 +1,40 @@
-"""What a `RunWriter` sends to the store, as plain records that survive a trip through a JSONL file.
+"""What a `RunWriter` sends to the store: each record's call (`OPERATIONS`).
 
-A record is a dict: `op` (a name in `OPERATIONS`), `run` (a run id, or the `pending-...` key of a run
-whose creation is still waiting), and the operation's own JSON fields. Keeping them plain is what lets
-the records of an outage be spilled to disk, read back, and replayed by another process
-(`gptpipe tracking replay`) exactly as the training would have sent them: same steps, same timestamps,
-same order. Each operation is one function `(client, run_id, record) -> result`.
+A record (`tasks.tracking.delivery.records`) is typed by its `op` and holds the operation's own JSON
+fields. Keeping them JSON is what lets the records of an outage be spilled to disk, read back, and
+replayed by another process (`gptpipe tracking replay`) exactly as the training would have sent them:
+same steps, same timestamps, same order. Each operation is one function `(client, run_id, record) ->
+result`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptcore.errors import GptpipeError, first_line
+from tasks.tracking.delivery.records import (
+    CreateRun,
+    DatasetRecord,
+    LogArtifact,
+    LogDict,
+    LogInputs,
+    LogModel,
+    LogParams,
+    LogText,
+    Metric,
+    OutboxRecord,
+    SetTags,
+    SetTerminated,
+    UpdateRun,
+)
 from tasks.tracking.store import redact
+
+if TYPE_CHECKING:
+    from mlflow.entities import DatasetInput
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limits on one value and on one log_batch call
 TAG_VALUE_LIMIT = 8000
@@ -26,7 +44,7 @@ PENDING = "pending-"  # the prefix of a run key whose run is not created yet
 RECORD_KEY = "gptpipe.record_key"  # a created run's tag: the key its records named it by (found again by it)
 
 
-def text(value: Any, limit: int) -> str:
+def text(value: object, limit: int) -> str:
     """A param or tag value as MLflow stores it: redacted text within its length limit."""
     return redact(value)[:limit]
 
@@ -34,23 +52,22 @@ def text(value: Any, limit: int) -> str:
 # --- records: built on the caller's thread, from its arguments ------------------------------------------
 
 
-def metric(run: str, key: str, value: float, timestamp_ms: int, step: int) -> dict[str, Any]:
-    return {
-        "op": "metric",
-        "run": run,
-        "key": key,
-        "value": float(value),
-        "timestamp": timestamp_ms,
-        "step": step,
-    }
+def metric(run: str, key: str, value: float, timestamp_ms: int, step: int) -> Metric:
+    return Metric(run=run, key=key, value=float(value), timestamp=timestamp_ms, step=step)
 
 
-def dataset_inputs(datasets: list[Any]) -> list[dict[str, Any]]:
-    """`mlflow.entities.DatasetInput`s as plain dicts (`log_inputs` rebuilds them)."""
-    fields = ("name", "digest", "source_type", "source", "schema", "profile")
+def dataset_inputs(datasets: Sequence[DatasetInput]) -> list[DatasetRecord]:
+    """`mlflow.entities.DatasetInput`s as records' JSON (`log_inputs` rebuilds them)."""
     return [
         {
-            "dataset": {name: getattr(item.dataset, name) for name in fields},
+            "dataset": {
+                "name": item.dataset.name,
+                "digest": item.dataset.digest,
+                "source_type": item.dataset.source_type,
+                "source": item.dataset.source,
+                "schema": item.dataset.schema,
+                "profile": item.dataset.profile,
+            },
             "tags": {tag.key: tag.value for tag in item.tags},
         }
         for item in datasets
@@ -60,87 +77,79 @@ def dataset_inputs(datasets: list[Any]) -> list[dict[str, Any]]:
 # --- operations: run on the writer's thread -----------------------------------------------------------------
 
 
-def _create_run(client: Any, _: str, record: dict[str, Any]) -> str:
+def _create_run(client: Any, _: str, record: CreateRun) -> str:
     run = client.create_run(
-        record["experiment_id"],
-        start_time=record["start_time"],
-        tags=record["tags"],
-        run_name=record["run_name"],
+        record.experiment_id, start_time=record.start_time, tags=record.tags, run_name=record.run_name
     )
     return run.info.run_id
 
 
-def _metrics(client: Any, run_id: str, records: list[dict[str, Any]]) -> None:
-    from mlflow.entities import Metric
+def _metrics(client: Any, run_id: str, records: list[Metric]) -> None:
+    from mlflow.entities import Metric as Sent
 
-    batch = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in records]
+    batch = [Sent(r.key, r.value, r.timestamp, r.step) for r in records]
     client.log_batch(run_id, metrics=batch)
 
 
-def _params(client: Any, run_id: str, record: dict[str, Any]) -> None:
+def _params(client: Any, run_id: str, record: LogParams) -> None:
     """With `keep_existing` (a resumed run) the params the run already has are left alone: MLflow
     refuses to change one."""
     from mlflow.entities import Param
 
-    existing = client.get_run(run_id).data.params if record.get("keep_existing") else {}
-    fresh = [Param(k, v) for k, v in record["params"].items() if k not in existing]
+    existing = client.get_run(run_id).data.params if record.keep_existing else {}
+    fresh = [Param(k, v) for k, v in record.params.items() if k not in existing]
     for start in range(0, len(fresh), PARAMS_PER_CALL):
         client.log_batch(run_id, params=fresh[start : start + PARAMS_PER_CALL])
 
 
-def _tags(client: Any, run_id: str, record: dict[str, Any]) -> None:
+def _tags(client: Any, run_id: str, record: SetTags) -> None:
     from mlflow.entities import RunTag
 
-    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in record["tags"].items()])
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in record.tags.items()])
 
 
-def _inputs(client: Any, run_id: str, record: dict[str, Any]) -> None:
+def _inputs(client: Any, run_id: str, record: LogInputs) -> None:
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     datasets = [
         DatasetInput(Dataset(**item["dataset"]), [InputTag(k, v) for k, v in item["tags"].items()])
-        for item in record["datasets"]
+        for item in record.datasets
     ]
     client.log_inputs(run_id, datasets=datasets)
 
 
-def _artifact(client: Any, run_id: str, record: dict[str, Any]) -> None:
-    if not Path(record["path"]).is_file():  # removed since (a rotated checkpoint): nothing to send
-        raise FileNotFoundError(f"{record['path']}: no longer exists")
-    client.log_artifact(run_id, record["path"], record["folder"])
+def _artifact(client: Any, run_id: str, record: LogArtifact) -> None:
+    if not Path(record.path).is_file():  # removed since (a rotated checkpoint): nothing to send
+        raise FileNotFoundError(f"{record.path}: no longer exists")
+    client.log_artifact(run_id, record.path, record.folder)
 
 
-def _dict(client: Any, run_id: str, record: dict[str, Any]) -> None:
-    client.log_dict(run_id, record["data"], record["file"])
+def _dict(client: Any, run_id: str, record: LogDict) -> None:
+    client.log_dict(run_id, record.data, record.file)
 
 
-def _text(client: Any, run_id: str, record: dict[str, Any]) -> None:
-    client.log_text(run_id, record["text"], record["file"])
+def _text(client: Any, run_id: str, record: LogText) -> None:
+    client.log_text(run_id, record.text, record.file)
 
 
-def _update(client: Any, run_id: str, record: dict[str, Any]) -> None:
-    client.update_run(run_id, status=record["status"])
+def _update(client: Any, run_id: str, record: UpdateRun) -> None:
+    client.update_run(run_id, status=record.status)
 
 
-def _terminated(client: Any, run_id: str, record: dict[str, Any]) -> None:
-    client.set_terminated(run_id, record["status"], end_time=record["end_time"])
+def _terminated(client: Any, run_id: str, record: SetTerminated) -> None:
+    client.set_terminated(run_id, record.status, end_time=record.end_time)
 
 
-def _model(client: Any, run_id: str, record: dict[str, Any]) -> str | None:
+def _model(client: Any, run_id: str, record: LogModel) -> str | None:
     """The checkpoint as a logged model of the run; a checkpoint that cannot be one is a `NotAModel`."""
     from tasks.tracking.models.logged_models import log_checkpoint_model
 
     try:
         return log_checkpoint_model(
-            client,
-            record["experiment_id"],
-            run_id,
-            Path(record["path"]),
-            record["kind"],
-            record["tags"],
+            client, record.experiment_id, run_id, Path(record.path), record.kind, record.tags
         )
     except (GptpipeError, OSError, KeyError) as error:  # the checkpoint, not the store
-        raise NotAModel(f"logged model {record['kind']}: {first_line(error)}") from None
+        raise NotAModel(f"logged model {record.kind}: {first_line(error)}") from None
 
 
 class NotSendable(Exception):
@@ -204,5 +213,6 @@ def reason(error: BaseException) -> str:
     return line[:500]
 
 
-def dumps(record: dict[str, Any]) -> str:
-    return json.dumps(record, default=str, allow_nan=True)
+def dumps(record: OutboxRecord) -> str:
+    """The record as its outbox line (no newline)."""
+    return json.dumps(record.line(), default=str, allow_nan=True)

@@ -3,7 +3,7 @@
 Line 1 is a header (`{"gptpipe_outbox": 1, "tracking_uri": ..., "generation": ...}`: a new generation
 at every rewrite, so a replay's saved progress is never read against another file); every later line is
 one record of
-`tasks.tracking.delivery.operations`, oldest first. A `RunWriter` appends its oldest records here when
+`tasks.tracking.delivery.records`, oldest first. A `RunWriter` appends its oldest records here when
 its memory bound is reached during an outage, reads them back first when the store returns, and at the
 end of a run whose store never returned leaves every undelivered record here for `gptpipe tracking replay`.
 Records are only appended or the whole file rewritten (`gptcore.tools.atomic`), so a kill leaves at
@@ -18,13 +18,15 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from filelock import FileLock, Timeout
 
 from gptcore.errors import GptpipeError
 from gptcore.tools.atomic import write_atomic
+from gptcore.tools.records import JSONObject
 from tasks.tracking.delivery.operations import dumps
+from tasks.tracking.delivery.records import Record, parse
 
 FORMAT = 1
 
@@ -77,7 +79,8 @@ class Outbox:
         try:
             with path.open("rb") as handle:
                 header = _header(path, handle.readline(LINE_LIMIT))
-                outbox = cls(path, header.get("tracking_uri", ""), str(header.get("generation") or "none"))
+                uri, generation = header.get("tracking_uri") or "", header.get("generation") or "none"
+                outbox = cls(path, str(uri), str(generation))
                 outbox.offset = handle.tell()
                 outbox.waiting = sum(1 for line in _lines(handle) if line.strip())
         except OSError as error:
@@ -103,7 +106,7 @@ class Outbox:
         self.waiting += len(lines)
         return len(lines)
 
-    def read(self, limit: int) -> list[tuple[dict[str, Any], int]]:
+    def read(self, limit: int) -> list[tuple[Record, int]]:
         """Up to `limit` waiting records from `offset`, each with the offset just after it."""
         if not self.waiting:
             return []
@@ -127,7 +130,7 @@ class Outbox:
             self.path.unlink(missing_ok=True)
             self.offset = 0
 
-    def remaining(self) -> Iterator[dict[str, Any]]:
+    def remaining(self) -> Iterator[Record]:
         """The waiting records, oldest first."""
         if not self.waiting:
             return
@@ -138,7 +141,7 @@ class Outbox:
                 if record is not None:
                     yield record
 
-    def rewrite(self, records: Iterable[dict[str, Any]]) -> int:
+    def rewrite(self, records: Iterable[Record]) -> int:
         """Replace the file by `records` (written whole, then renamed over it); returns how many."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.generation = uuid.uuid4().hex  # another file from now on, for a saved replay progress
@@ -163,7 +166,7 @@ class Outbox:
         return json.dumps(header) + "\n"
 
 
-def _header(path: Path, line: bytes) -> dict[str, Any]:
+def _header(path: Path, line: bytes) -> JSONObject:
     try:
         header = json.loads(line)
     except (ValueError, RecursionError):
@@ -190,9 +193,10 @@ def _lines(handle: IO[bytes]) -> Iterator[bytes]:
         yield line
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
+def _record(line: bytes) -> Record | None:
+    """The line's record; None for a torn last line of a killed process, nesting no record has, or JSON
+    that is no record of gptpipe's."""
     try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):  # a torn last line of a killed process; nesting no record has
+        return parse(json.loads(line))
+    except (ValueError, RecursionError):
         return None
-    return record if isinstance(record, dict) and "op" in record else None

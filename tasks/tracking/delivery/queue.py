@@ -15,15 +15,16 @@ from typing import Any
 
 from tasks.tracking.delivery.operations import METRICS_PER_CALL, dumps
 from tasks.tracking.delivery.outbox import Outbox
+from tasks.tracking.delivery.records import CreateRun, Record
 from tasks.tracking.delivery.report import WriterReport
 from tasks.tracking.delivery.signing import sign
 
 
 @dataclass
 class Item:
-    """A queued record (`record`, plain), or a read (`call`) that is never spilled nor replayed."""
+    """A queued record (`record`), or a read (`call`) that is never spilled nor replayed."""
 
-    record: dict[str, Any] | None = None
+    record: Record | None = None
     call: Callable[[], Any] | None = None
     what: str = ""
     answer: Future | None = None
@@ -32,7 +33,7 @@ class Item:
 
     @property
     def op(self) -> str:
-        return self.record["op"] if self.record is not None else self.what
+        return self.record.op if self.record is not None else self.what
 
     def settle(self, result: Any = None, error: BaseException | None = None) -> None:
         if self.answer is not None and not self.answer.done():
@@ -67,7 +68,7 @@ class RecordQueue:
         try:
             self.report.spilled_records += self.outbox.append(dumps(sign(self.named(r))) for r in records)
         except OSError as error:  # the memory bound wins over the records: counted, not silent
-            lost = sum(1 for r in records if r["op"] == "metric")
+            lost = sum(1 for r in records if r.op == "metric")
             self.report.count(
                 dropped_metrics=lost,
                 given_up_calls=len(records) - lost,
@@ -105,8 +106,8 @@ class RecordQueue:
 
     def finished(self, group: list[Item], result: Any = None, error: BaseException | None = None) -> None:
         """The group in flight left the queue: sent (a new run's id noted), or given up."""
-        if error is None and group[0].op == "create_run":
-            self.ids[group[0].record["run"]] = result
+        if error is None and isinstance(created := group[0].record, CreateRun):
+            self.ids[created.run] = result
         group[0].settle(result, error)
         if self.inflight_end is not None:
             self.outbox.delivered(self.inflight_end, len(group))
@@ -137,11 +138,10 @@ class RecordQueue:
         self.report.outbox = str(self.outbox.path)
         self.report.store_down = store_down
 
-    def named(self, record: dict[str, Any]) -> dict[str, Any]:
+    def named(self, record: Record) -> Record:
         """`record` with its run's pending key replaced by the id, once the store gave one."""
-        run = record.get("run", "")
-        if record["op"] != "create_run" and run in self.ids:
-            return {**record, "run": self.ids[run]}
+        if not isinstance(record, CreateRun) and record.run in self.ids:
+            return record.model_copy(update={"run": self.ids[record.run]})
         return record
 
 
@@ -154,7 +154,7 @@ def same_call(items: list[Item]) -> list[Item]:
         return [first]
     group = [first]
     for item in items[1:]:
-        if item.op != "metric" or item.record["run"] != first.record["run"]:
+        if item.op != "metric" or item.record.run != first.record.run:
             break
         group.append(item)
     return group

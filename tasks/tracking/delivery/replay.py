@@ -24,8 +24,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gptcore.errors import ConfigError
 from gptcore.tools.atomic import write_json_atomic
 from tasks.tracking.delivery.operations import (
     METRICS_PER_CALL,
@@ -38,11 +39,27 @@ from tasks.tracking.delivery.operations import (
 )
 from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.delivery.queue import Item, same_call
+from tasks.tracking.delivery.records import CreateRun, LogModel, Record, parse
 from tasks.tracking.delivery.report import WriterReport
 from tasks.tracking.delivery.signing import READS_FILES, sign, verified
+from tasks.tracking.store import TrackingTarget, connect, redact
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 RETRIES = 3
 BACKOFF_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A record the store (or its signature) refused, and why: kept in the outbox."""
+
+    record: Record
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"record": self.record.line(), "reason": self.reason}
 
 
 @dataclass
@@ -54,7 +71,7 @@ class Progress:
     size: int
     offset: int
     ids: dict[str, str] = field(default_factory=dict)  # pending key -> run id
-    refused: list[dict[str, Any]] = field(default_factory=list)  # {"record": ..., "reason": ...}
+    refused: list[Refused] = field(default_factory=list)
 
     @classmethod
     def of(cls, outbox: Outbox) -> Progress:
@@ -67,15 +84,43 @@ class Progress:
             return fresh
         if saved.get("generation") != outbox.generation or saved.get("size") != size:
             return fresh  # written for another version of the file: everything is sent again, once
-        offset, ids, refused = int(saved["offset"]), dict(saved["ids"]), list(saved["refused"])
-        return cls(path, outbox.generation, size, offset, ids, refused)
+        refused = [
+            Refused(record, str(entry["reason"]))
+            for entry in saved["refused"]
+            if (record := parse(entry["record"])) is not None
+        ]
+        return cls(path, outbox.generation, size, int(saved["offset"]), dict(saved["ids"]), refused)
 
     def save(self) -> None:
         state = {"generation": self.generation, "size": self.size, "offset": self.offset}
-        write_json_atomic(self.path, {**state, "ids": self.ids, "refused": self.refused})
+        refused = [entry.to_dict() for entry in self.refused]
+        write_json_atomic(self.path, {**state, "ids": self.ids, "refused": refused})
 
 
-def replay(client: Any, outbox: Outbox) -> WriterReport:
+def replay_into(target: TrackingTarget, outbox: Outbox) -> WriterReport:
+    """`gptpipe tracking replay`: the store checked (`store.connect`), every experiment the outbox makes
+    runs in found live there (else a ConfigError, and nothing sent), then the outbox sent (`replay`)."""
+    client = connect(target)
+    _check_experiments(client, outbox, redact(target.uri))
+    return replay(client, outbox)
+
+
+def _check_experiments(client: MlflowClient, outbox: Outbox, shown: str) -> None:
+    """Every experiment the outbox creates runs in must be live in the store: else nothing is sent."""
+    wanted = {r.experiment_id for r in outbox.remaining() if isinstance(r, CreateRun | LogModel)}
+    for experiment_id in sorted(wanted):
+        try:
+            experiment = client.get_experiment(experiment_id)
+        except Exception:  # MLflow names a missing experiment in many kinds
+            experiment = None
+        if experiment is None or experiment.lifecycle_stage != "active":
+            raise ConfigError(
+                f"{outbox.path}: its runs belong to experiment {experiment_id}, which {shown} does not "
+                "hold (deleted, or another store); nothing was sent"
+            )
+
+
+def replay(client: MlflowClient, outbox: Outbox) -> WriterReport:
     """Send the outbox's records (see the module); the report counts what was sent, skipped, refused
     (`given_up_calls`) and left (`waiting_records`, refused ones included)."""
     report = WriterReport(outbox=str(outbox.path))
@@ -94,7 +139,7 @@ def replay(client: Any, outbox: Outbox) -> WriterReport:
     return report
 
 
-def _groups(outbox: Outbox) -> Iterator[tuple[list[dict[str, Any]], int]]:
+def _groups(outbox: Outbox) -> Iterator[tuple[list[Record], int]]:
     """The waiting records from the outbox's offset, a call's worth at a time, each with where it ends."""
     while True:
         lines = outbox.read(METRICS_PER_CALL)
@@ -105,10 +150,10 @@ def _groups(outbox: Outbox) -> Iterator[tuple[list[dict[str, Any]], int]]:
         outbox.offset = lines[size - 1][1]
 
 
-def _deliver(client: Any, group: list[dict[str, Any]], progress: Progress, report: WriterReport) -> str:
+def _deliver(client: MlflowClient, group: list[Record], progress: Progress, report: WriterReport) -> str:
     """Send one group: `sent`, `skipped`, `refused` (kept) or `away` (the store did not answer)."""
     first = group[0]
-    if not all(verified(record) or record["op"] not in READS_FILES for record in group):
+    if not all(verified(record) or record.op not in READS_FILES for record in group):
         return _refuse(
             group,
             "not signed by this user's gptpipe, and it reads a local file: refused unread",
@@ -119,67 +164,67 @@ def _deliver(client: Any, group: list[dict[str, Any]], progress: Progress, repor
         try:
             result = _send(client, group, progress)
         except (NotAModel, FileNotFoundError) as error:  # the record's file, not the store: never sendable
-            report.count(skipped_records=len(group), last_error=f"{first['op']}: {reason(error)}")
+            report.count(skipped_records=len(group), last_error=f"{first.op}: {reason(error)}")
             return "skipped"
         except Exception as error:  # the store may fail in any way
             if not is_outage(error):
                 return _refuse(group, reason(error), progress, report)
-            report.count(failed_calls=1, last_error=f"{first['op']}: {reason(error)}")
+            report.count(failed_calls=1, last_error=f"{first.op}: {reason(error)}")
             if attempt + 1 == RETRIES:
                 return "away"
             time.sleep(BACKOFF_SECONDS * 2**attempt)
             continue
-        if first["op"] == "create_run":
-            progress.ids[first["run"]] = result
-        report.count(delivered_late=len(group), sent_metrics=len(group) if first["op"] == "metric" else 0)
+        if isinstance(first, CreateRun):
+            progress.ids[first.run] = result
+        report.count(delivered_late=len(group), sent_metrics=len(group) if first.op == "metric" else 0)
         return "sent"
     return "away"
 
 
-def _refuse(group: list[dict[str, Any]], problem: str, progress: Progress, report: WriterReport) -> str:
+def _refuse(group: list[Record], problem: str, progress: Progress, report: WriterReport) -> str:
     """The store (or the signature) refused the group: kept, with why, for the outbox and the report."""
-    progress.refused += [{"record": record, "reason": problem} for record in group]
-    report.count(given_up_calls=1, last_error=f"{group[0]['op']}: {problem}")
+    progress.refused += [Refused(record, problem) for record in group]
+    report.count(given_up_calls=1, last_error=f"{group[0].op}: {problem}")
     return "refused"
 
 
-def _send(client: Any, group: list[dict[str, Any]], progress: Progress) -> Any:
+def _send(client: MlflowClient, group: list[Record], progress: Progress) -> Any:
     first = group[0]
-    if first["op"] == "create_run":
+    if isinstance(first, CreateRun):
         return _run_of(client, first)
-    run = progress.ids.get(first["run"], first["run"])
+    run = progress.ids.get(first.run, first.run)
     if run.startswith(PENDING):
-        raise ValueError(f"its run {first['run']} was never created (the record creating it is not here)")
-    if first["op"] == "metric":
+        raise ValueError(f"its run {first.run} was never created (the record creating it is not here)")
+    if first.op == "metric":
         return OPERATIONS["metric"](client, run, group)
-    if first["op"] == "log_model":
+    if isinstance(first, LogModel):
         found = _logged_model_of(client, first, run)
         if found is not None:
             return found
-    return OPERATIONS[first["op"]](client, run, first)
+    return OPERATIONS[first.op](client, run, first)
 
 
-def _run_of(client: Any, record: dict[str, Any]) -> str:
+def _run_of(client: MlflowClient, record: CreateRun) -> str:
     """The run a create_run record made, found by its key (a replay killed after creating it), else made."""
-    key = record["run"]
-    found = client.search_runs([record["experiment_id"]], f"tags.`{RECORD_KEY}` = '{key}'", max_results=1)
+    key = record.run
+    found = client.search_runs([record.experiment_id], f"tags.`{RECORD_KEY}` = '{key}'", max_results=1)
     if found:
         return found[0].info.run_id
-    tagged = {**record, "tags": {**record["tags"], RECORD_KEY: key}}  # an older outbox's record lacks it
+    tagged = record.model_copy(update={"tags": {**record.tags, RECORD_KEY: key}})  # an older one lacks it
     return OPERATIONS["create_run"](client, key, tagged)
 
 
-def _logged_model_of(client: Any, record: dict[str, Any], run: str) -> str | None:
+def _logged_model_of(client: MlflowClient, record: LogModel, run: str) -> str | None:
     """The logged model of this checkpoint and run, when an earlier replay made it already."""
     from gptcore.tools.fingerprint import sha256_file
 
-    path = Path(record["path"])
+    path = Path(record.path)
     if not path.is_file():
         return None
     digest = sha256_file(path)
     terms = f"tags.checkpoint_sha256 = '{digest}' and source_run_id = '{run}'"
     try:
-        found = client.search_logged_models([record["experiment_id"]], filter_string=terms, max_results=1)
+        found = client.search_logged_models([record.experiment_id], filter_string=terms, max_results=1)
     except Exception:  # an older store that cannot search by these: log it again
         return None
     return found[0].model_id if found else None
@@ -189,20 +234,19 @@ def _finish(outbox: Outbox, progress: Progress, report: WriterReport, stopped: b
     """Leave in the outbox what the store refused and what was not sent, in order; remove it and the
     progress when nothing is left."""
     remaining = list(outbox.remaining()) if stopped else []
-    kept = [entry["record"] for entry in progress.refused] + [_renamed(r, progress.ids) for r in remaining]
+    kept = [entry.record for entry in progress.refused] + [_renamed(r, progress.ids) for r in remaining]
     report.waiting_records = outbox.rewrite(kept)
     report.store_down = stopped
-    refused = [f"{e['record']['op']} ({e['reason']})" for e in progress.refused]
+    refused = [f"{entry.record.op} ({entry.reason})" for entry in progress.refused]
     if refused:
         report.last_error = f"the store refused {len(refused)}: {'; '.join(refused[:5])}"
     progress.path.unlink(missing_ok=True)
 
 
-def _renamed(record: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+def _renamed(record: Record, ids: dict[str, str]) -> Record:
     """A record left waiting, its run's pending key replaced by the id this replay created; signed again
     only when it was this user's as it stood (a foreign record is never made to look like one's own)."""
-    run = record.get("run", "")
-    if record["op"] == "create_run" or run not in ids:
+    if isinstance(record, CreateRun) or record.run not in ids:
         return record
-    renamed = {**record, "run": ids[run]}
+    renamed = record.model_copy(update={"run": ids[record.run]})
     return sign(renamed) if verified(record) else renamed

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
+from gptcore.tools.records import JSONObject
 from tasks.tracking.store import redact
 
 
@@ -25,7 +25,7 @@ class WriterReport:
     store_down: bool = False  # the store was away when the writer closed
     last_error: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
     def count(self, last_error: str | None = None, **increments: int) -> None:

@@ -18,7 +18,8 @@ import secrets
 import stat
 from functools import cache
 from pathlib import Path
-from typing import Any
+
+from tasks.tracking.delivery.records import OutboxRecord, R
 
 READS_FILES = frozenset({"log_artifact", "log_model"})  # the records whose sending reads a local file
 KEY_FILE = Path("~/.gptpipe/outbox.key")
@@ -45,16 +46,17 @@ def _key() -> bytes:
         return handle.read().strip().encode()
 
 
-def _digest(record: dict[str, Any]) -> str:
-    body = json.dumps({k: v for k, v in record.items() if k != "sig"}, sort_keys=True, default=str)
+def _digest(record: OutboxRecord) -> str:
+    """The HMAC of the record's outbox line without its `sig`, its keys sorted."""
+    line = {k: v for k, v in record.line().items() if k != "sig"}
+    body = json.dumps(line, sort_keys=True, default=str)
     return hmac.new(_key(), body.encode(), hashlib.sha256).hexdigest()
 
 
-def sign(record: dict[str, Any]) -> dict[str, Any]:
-    return {**record, "sig": _digest(record)}
+def sign(record: R) -> R:
+    return record.model_copy(update={"sig": _digest(record)})
 
 
-def verified(record: dict[str, Any]) -> bool:
+def verified(record: OutboxRecord) -> bool:
     """Whether this user's gptpipe wrote `record` as it is."""
-    given = record.get("sig")
-    return isinstance(given, str) and hmac.compare_digest(given, _digest(record))
+    return record.sig is not None and hmac.compare_digest(record.sig, _digest(record))

@@ -1,7 +1,7 @@
 """The one way records reach the MLflow store: `RunWriter`, a thread that makes every call, through outages.
 
 Callers never wait on the store for long. Every write (a run's creation, params, tags, metrics, inputs,
-artifacts, a logged model, a run's end) becomes a plain record (`tasks.tracking.delivery.operations`)
+artifacts, a logged model, a run's end) becomes a typed record (`tasks.tracking.delivery.records`)
 queued in order and returns at once; a caller that needs an answer (a new run's id, a read) waits at
 most `answer_seconds`. The delivery loop (`tasks.tracking.delivery.loop`) sends the records in order,
 retries, waits out outages with the records in memory and then in the outbox, and leaves what the store
@@ -22,11 +22,12 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks.tracking.delivery.loop import DeliveryLoop
+from tasks.tracking.delivery import records
+from tasks.tracking.delivery.loop import MEMORY_RECORDS, DeliveryLoop, DeliverySettings
 from tasks.tracking.delivery.operations import (
     PARAM_VALUE_LIMIT,
     PENDING,
@@ -41,10 +42,13 @@ from tasks.tracking.delivery.queue import Item
 from tasks.tracking.delivery.report import WriterReport
 from tasks.tracking.store import redact, redact_data
 
-OUTBOX_DIRECTORY = Path("mlruns") / "outbox"  # relative to the working directory, like the local store
-MEMORY_RECORDS = 10_000  # records held in memory during an outage before the oldest go to the outbox
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import DatasetInput
 
-__all__ = ["MEMORY_RECORDS", "OUTBOX_DIRECTORY", "RunWriter", "WriterReport"]
+OUTBOX_DIRECTORY = Path("mlruns") / "outbox"  # relative to the working directory, like the local store
+
+__all__ = ["MEMORY_RECORDS", "OUTBOX_DIRECTORY", "DeliverySettings", "RunWriter", "WriterReport"]
 
 
 class RunWriter:
@@ -52,39 +56,21 @@ class RunWriter:
 
     def __init__(
         self,
-        client: Any,
+        client: MlflowClient,
         *,
-        retries: int = 3,
-        backoff_seconds: float = 0.5,
-        flush_seconds: float = 1.0,
-        answer_seconds: float = 30.0,
-        close_seconds: float = 60.0,
-        probe_seconds: float = 5.0,
-        memory_records: int = MEMORY_RECORDS,
+        delivery: DeliverySettings = DeliverySettings(),
         outbox: Outbox | Path | None = None,
         name: str = "mlflow-writer",
     ) -> None:
         self.client = client
-        self.answer_seconds = answer_seconds  # the longest a caller waits for an answer
+        self.answer_seconds = delivery.answer_seconds  # the longest a caller waits for an answer
         self.report = WriterReport()
         if not isinstance(outbox, Outbox):
             outbox = Outbox(_outbox_path(outbox, name), _uri(client))
-        self._loop = DeliveryLoop(
-            client,
-            self.report,
-            outbox,
-            retries=retries,
-            backoff_seconds=backoff_seconds,
-            flush_seconds=flush_seconds,
-            answer_seconds=answer_seconds,
-            close_seconds=close_seconds,
-            probe_seconds=probe_seconds,
-            memory_records=memory_records,
-            name=name,
-        )
+        self._loop = DeliveryLoop(client, self.report, outbox, delivery, name)
 
     @classmethod
-    def replay(cls, client: Any, outbox: Outbox) -> WriterReport:
+    def replay(cls, client: MlflowClient, outbox: Outbox) -> WriterReport:
         """Send an outbox's records in order, each once; what the store does not take is left in the file
         (`tasks.tracking.delivery.replay`)."""
         from tasks.tracking.delivery.replay import replay
@@ -98,71 +84,57 @@ class RunWriter:
         for key, value in metrics.items():
             self._put(metric(run, key, value, stamp, step))
 
-    def log_params(self, run: str, values: dict[str, Any], keep_existing: bool = False) -> None:
-        """Params as redacted, truncated text; with `keep_existing` (a resumed run) the ones the run
-        already has are left alone, since MLflow refuses to change a param."""
+    def log_params(self, run: str, values: Mapping[str, object], keep_existing: bool = False) -> None:
+        """Params (any value: MLflow keeps its text) as redacted, truncated text; with `keep_existing` (a
+        resumed run) the ones the run already has are left alone, since MLflow refuses to change one."""
         params = {k: text(v, PARAM_VALUE_LIMIT) for k, v in values.items()}
-        self._put({"op": "log_params", "run": run, "params": params, "keep_existing": keep_existing})
+        self._put(records.LogParams(run=run, params=params, keep_existing=keep_existing))
 
-    def set_tags(self, run: str, tags: dict[str, Any]) -> None:
+    def set_tags(self, run: str, tags: Mapping[str, object]) -> None:
         """Tags as redacted, truncated text; None values left out."""
-        clean = {k: text(v, TAG_VALUE_LIMIT) for k, v in tags.items() if v is not None}
+        clean = _tag_texts(tags)
         if clean:
-            self._put({"op": "set_tags", "run": run, "tags": clean})
+            self._put(records.SetTags(run=run, tags=clean))
 
-    def log_inputs(self, run: str, datasets: list[Any]) -> None:
-        """Dataset inputs (`mlflow.entities.DatasetInput`) of the run."""
+    def log_inputs(self, run: str, datasets: Sequence[DatasetInput]) -> None:
+        """Dataset inputs of the run."""
         if datasets:
-            self._put({"op": "log_inputs", "run": run, "datasets": dataset_inputs(datasets)})
+            self._put(records.LogInputs(run=run, datasets=dataset_inputs(datasets)))
 
     def log_artifact(self, run: str, path: Path, folder: str) -> None:
         if Path(path).is_file():
-            self._put(
-                {
-                    "op": "log_artifact",
-                    "run": run,
-                    "path": str(Path(path).resolve()),
-                    "folder": folder,
-                }
-            )
+            self._put(records.LogArtifact(run=run, path=str(Path(path).resolve()), folder=folder))
 
-    def log_dict(self, run: str, data: dict[str, Any], file: str) -> None:
+    def log_dict(self, run: str, data: Mapping[str, object], file: str) -> None:
+        """`data` as the JSON file `file` of the run (values JSON lacks as their text), redacted."""
         plain = redact_data(json.loads(json.dumps(data, default=str)))
-        self._put({"op": "log_dict", "run": run, "data": plain, "file": file})
+        self._put(records.LogDict(run=run, data=plain, file=file))
 
     def log_text(self, run: str, text: str, file: str) -> None:
-        self._put({"op": "log_text", "run": run, "text": redact(text), "file": file})
+        self._put(records.LogText(run=run, text=redact(text), file=file))
 
     def update_run(self, run: str, status: str) -> None:
-        self._put({"op": "update_run", "run": run, "status": status})
+        self._put(records.UpdateRun(run=run, status=status))
 
     def set_terminated(self, run: str, status: str) -> None:
-        self._put(
-            {
-                "op": "set_terminated",
-                "run": run,
-                "status": status,
-                "end_time": int(time.time() * 1000),
-            }
-        )
+        self._put(records.SetTerminated(run=run, status=status, end_time=int(time.time() * 1000)))
 
     # --- answered: a bounded wait ------------------------------------------------------------------------
 
-    def create_run(self, experiment_id: str, run_name: str, tags: dict[str, Any]) -> str | None:
+    def create_run(self, experiment_id: str, run_name: str, tags: Mapping[str, object]) -> str | None:
         """The new run's id; during an outage (or no answer within `answer_seconds`) a `pending-...`
         key that later records may use and that becomes the id once the store creates the run; None
         when the store refused it."""
         key = f"{PENDING}{uuid.uuid4().hex}"
-        clean = {k: text(v, TAG_VALUE_LIMIT) for k, v in tags.items() if v is not None}
+        clean = _tag_texts(tags)
         clean[RECORD_KEY] = key  # a replay after a kill finds the run by it instead of making another
-        record = {
-            "op": "create_run",
-            "run": key,
-            "experiment_id": experiment_id,
-            "run_name": run_name,
-            "tags": clean,
-            "start_time": int(time.time() * 1000),
-        }
+        record = records.CreateRun(
+            run=key,
+            experiment_id=experiment_id,
+            run_name=run_name,
+            tags=clean,
+            start_time=int(time.time() * 1000),
+        )
         try:
             run_id = self._await(self._put(record, answered=True))
         except Exception:  # refused: counted on the writer's thread
@@ -173,8 +145,8 @@ class RunWriter:
         self, run: str, experiment_id: str, path: Path, kind: str, tags: dict[str, str]
     ) -> str | None:
         """Log a checkpoint as a model of the run: its model id, or None when it waits for the store."""
-        record = {"op": "log_model", "run": run, "experiment_id": experiment_id}
-        record |= {"path": str(Path(path).resolve()), "kind": kind, "tags": tags}
+        where = str(Path(path).resolve())
+        record = records.LogModel(run=run, experiment_id=experiment_id, path=where, kind=kind, tags=tags)
         try:
             return self._await(self._put(record, answered=True))
         except Exception:
@@ -211,14 +183,19 @@ class RunWriter:
         self._loop.close()
         return self.report
 
-    def _put(self, record: dict[str, Any], answered: bool = False) -> Item | None:
+    def _put(self, record: records.Record, answered: bool = False) -> Item | None:
         return self._loop.put(record, answered)
 
     def _await(self, item: Item | None) -> Any:
         return self._loop.answer(item)
 
 
-def _uri(client: Any) -> str:
+def _tag_texts(tags: Mapping[str, object]) -> dict[str, str]:
+    """Tags as MLflow keeps them: redacted text within its length; None values left out."""
+    return {k: text(v, TAG_VALUE_LIMIT) for k, v in tags.items() if v is not None}
+
+
+def _uri(client: MlflowClient) -> str:
     return redact(getattr(client, "tracking_uri", "") or "")
 
 

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptcore.errors import GptpipeError
 from gptcore.tools.markdown import table
+from gptcore.tools.records import JSONObject
 from tasks.tracking.models.registry import DECISION
 from tasks.tracking.models.test_split import TEST_SPLIT
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+    from tasks.params.schema import TrackingConfig
 
 
 class NoRegisteredModel(GptpipeError):
@@ -33,11 +40,18 @@ class RegisteredVersion:
     run_id: str | None  # the MLflow run that logged it
     created: str  # UTC, ISO 8601 to the second
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {**asdict(self), "aliases": list(self.aliases)}
 
 
-def registered_versions(client: Any, name: str | None = None) -> list[RegisteredVersion]:
+def list_versions(config: TrackingConfig, name: str | None = None) -> list[RegisteredVersion]:
+    """`registered_versions` in the store the parameter file's `tracking` section names."""
+    from tasks.tracking.store import connect, resolve_target
+
+    return registered_versions(connect(resolve_target(config)), name)
+
+
+def registered_versions(client: MlflowClient, name: str | None = None) -> list[RegisteredVersion]:
     """Every version of `name` (None: of every registered model), `@champion` settled first in each."""
     from tasks.tracking.models.model_uri import settle_for_reading
 
@@ -75,7 +89,7 @@ def _row(v: RegisteredVersion) -> list[Any]:
     ]
 
 
-def _names(client: Any) -> list[str]:
+def _names(client: MlflowClient) -> list[str]:
     """Every registered model's name, through all pages."""
     names, token = [], None
     while True:
@@ -86,7 +100,7 @@ def _names(client: Any) -> list[str]:
             return sorted(names)
 
 
-def _version(version: Any, held: dict[str, Any]) -> RegisteredVersion:
+def _version(version: ModelVersion, held: dict[str, str]) -> RegisteredVersion:
     tags = version.tags
     try:
         bits = float(tags["test_bits_per_byte"])

@@ -13,10 +13,14 @@ import math
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gptcore
 from gptcore.generate import DEFAULT_COMPLETION
+
+if TYPE_CHECKING:
+    from gptcore.checkpoint.record import CheckpointRecord
+    from gptcore.export.model_files import ModelFiles
 
 PYFUNC = Path(__file__).with_name("gpt_pyfunc.py")  # run by MLflow to load the model, never imported here
 
@@ -38,8 +42,8 @@ def _signature() -> Any:
     return infer_signature(EXAMPLE_PROMPTS, ["x", "y"], DEFAULT_COMPLETION)
 
 
-def save_pyfunc(files: Any, folder: Path) -> None:
-    """The MLflow model of model files (`gptcore.export.model_files.ModelFiles`) saved into `folder`."""
+def save_pyfunc(files: ModelFiles, folder: Path) -> None:
+    """The MLflow model of model files saved into `folder`."""
     import mlflow.pyfunc
 
     from gptcore.model.quantization import TORCHAO_METHODS
@@ -55,7 +59,7 @@ def save_pyfunc(files: Any, folder: Path) -> None:
     )
 
 
-def build_model_folder(checkpoint: Path, folder: Path) -> dict[str, Any]:
+def build_model_folder(checkpoint: Path, folder: Path) -> CheckpointRecord:
     """The MLflow model of `checkpoint` saved into `folder`; returns the checkpoint's record."""
     from gptcore.checkpoint.load import checkpoint_model_files
 
@@ -97,12 +101,12 @@ def log_checkpoint_model(
                 "checkpoint": str(checkpoint),
             },
         )
-    step = int(record.get("step", 0))
+    step = int(record.step or 0)
     client.log_outputs(run_id, [LoggedModelOutput(model_id, step=step)])
     stamp = int(time.time() * 1000)
-    losses = {"train_loss": record.get("train_loss"), "val_loss": record.get("val_loss")}
-    if isinstance(losses["val_loss"], int | float):
-        losses["val_perplexity"] = math.exp(min(losses["val_loss"], 700.0))
+    losses = {"train_loss": record.train_loss, "val_loss": record.val_loss}
+    if isinstance(record.val_loss, int | float):
+        losses["val_perplexity"] = math.exp(min(record.val_loss, 700.0))
     metrics = [
         Metric(name, float(value), stamp, step, model_id=model_id)
         for name, value in losses.items()
@@ -114,7 +118,13 @@ def log_checkpoint_model(
 
 
 def log_files_model(
-    client: Any, experiment_id: str, run_id: str, files: Any, name: str, tags: dict, metrics: dict[str, float]
+    client: Any,
+    experiment_id: str,
+    run_id: str,
+    files: ModelFiles,
+    name: str,
+    tags: dict,
+    metrics: dict[str, float],
 ) -> str:
     """Log model files (a quantized model's) as a logged model of `run_id`, `metrics` linked to it."""
     from mlflow.entities import LoggedModelOutput, Metric

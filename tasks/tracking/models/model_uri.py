@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gptcore.errors import GptpipeError, first_line
 from tasks.tracking.models.registry import CHAMPION, settle_champion
 from tasks.tracking.models.test_split import CORPUS, TEST_SPLIT
-from tasks.tracking.store import connect, redact, resolve_target
+from tasks.tracking.store import TrackingTarget, connect, redact, resolve_target
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+    from mlflow.pyfunc import PyFuncModel
+
+    from gptcore.export.model_files import ModelFiles
+    from tasks.params.schema import TrackingConfig
 
 EXPECTED = "models:/NAME@ALIAS, models:/NAME/VERSION, models:/MODEL_ID, hf:FOLDER_OR_HUB_ID or a model folder"
 HF = "hf:"
@@ -26,7 +34,7 @@ class ModelNotFound(GptpipeError):
     exit_code = 1
 
 
-def registered_version(client: Any, uri: str) -> Any:
+def registered_version(client: MlflowClient, uri: str) -> ModelVersion | None:
     """The registry's version a `models:/NAME@ALIAS` or `models:/NAME/VERSION` URI names; None for any
     other URI (a logged model's id, a folder)."""
     if not uri.startswith("models:/"):
@@ -42,7 +50,7 @@ def registered_version(client: Any, uri: str) -> Any:
     return None
 
 
-def settle_for_reading(client: Any, name: str) -> None:
+def settle_for_reading(client: MlflowClient, name: str) -> None:
     """`@champion` settled before it is read (`registry.settle_champion`): a racer killed right after a
     stale set is put right by whoever reads next. One who may only read leaves it to one who may write."""
     from mlflow.exceptions import MlflowException
@@ -54,12 +62,13 @@ def settle_for_reading(client: Any, name: str) -> None:
             raise
 
 
-def recorded_split(client: Any, uri: str) -> dict[str, str]:
-    """The test split tags (`test_split.split_tags`) of the model `uri` names: a registered version's,
-    else a logged model's (`models:/ID`); empty for a folder, `hf:`, or a model registered before
-    gptpipe tagged splits."""
+def recorded_split(uri: str, config: TrackingConfig | None = None) -> dict[str, str]:
+    """The test split tags (`test_split.split_tags`) of the model `uri` names in the store: a registered
+    version's, else a logged model's (`models:/ID`); empty for a folder, `hf:`, or a model registered
+    before gptpipe tagged splits."""
     if not uri.startswith("models:/"):
-        return {}
+        return {}  # a folder or hf: names no split: no store to ask
+    client = connect(resolve_target(config))
     version = registered_version(client, uri)
     if version is not None:
         tags = version.tags
@@ -68,7 +77,7 @@ def recorded_split(client: Any, uri: str) -> dict[str, str]:
     return {key: tags[key] for key in (TEST_SPLIT, CORPUS) if tags.get(key)}
 
 
-def artifact_location(client: Any, uri: str) -> str:
+def artifact_location(client: MlflowClient, uri: str) -> str:
     """Where the model a `models:/` URI names is stored (other URIs are returned as they are)."""
     if not uri.startswith("models:/"):
         return uri
@@ -78,14 +87,14 @@ def artifact_location(client: Any, uri: str) -> str:
     return client.get_logged_model(uri.removeprefix("models:/").strip("/")).artifact_location
 
 
-def _not_found(uri: str, target: Any, error: BaseException) -> ModelNotFound:
+def _not_found(uri: str, target: TrackingTarget, error: BaseException) -> ModelNotFound:
     reason = first_line(error)
     return ModelNotFound(
         f"--model {uri}: cannot be loaded from {redact(target.uri)} ({reason[:300]}); expected {EXPECTED}"
     )
 
 
-def locate(uri: str, config: Any = None) -> tuple[str, Any]:
+def locate(uri: str, config: TrackingConfig | None = None) -> tuple[str, TrackingTarget]:
     """The artifact location `uri` names in the store, and the store's target; an unreachable store is a
     TrackingError, a model, alias or version that is not there a one-line ModelNotFound."""
     target = resolve_target(config)
@@ -96,7 +105,7 @@ def locate(uri: str, config: Any = None) -> tuple[str, Any]:
         raise _not_found(uri, target, error) from None
 
 
-def load_model_uri(uri: str, config: Any = None) -> Any:
+def load_model_uri(uri: str, config: TrackingConfig | None = None) -> PyFuncModel:
     """The pyfunc model at `uri`; a one-line ModelNotFound naming the URI when it cannot be loaded."""
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
@@ -108,7 +117,7 @@ def load_model_uri(uri: str, config: Any = None) -> Any:
         raise _not_found(uri, target, error) from None
 
 
-def model_files_of(uri: str, config: Any = None, into: Path | None = None) -> Any:
+def model_files_of(uri: str, config: TrackingConfig | None = None, into: Path | None = None) -> ModelFiles:
     """The files (`gptcore.export.model_files.ModelFiles`) of the logged model `uri` names, downloaded
     (into the folder `into`, else a new temporary one)."""
     import mlflow.artifacts
@@ -133,14 +142,14 @@ def model_files_of(uri: str, config: Any = None, into: Path | None = None) -> An
     return _gptpipe_files(model_files_in(local), uri)
 
 
-def _gptpipe_files(files: Any, uri: str) -> Any:
+def _gptpipe_files(files: ModelFiles, uri: str) -> ModelFiles:
     if files.missing():
         named = ", ".join(files.missing())
         raise ModelNotFound(f"--model {uri}: not a gptpipe model (no {named} among its artifacts)")
     return files
 
 
-def hf_model_files(uri: str, into: Path) -> Any:
+def hf_model_files(uri: str, into: Path) -> ModelFiles:
     """`hf:<folder or hub id>` as gptpipe's model files in `into` (its weights fp32, its own tokenizer)."""
     from gptcore.export.hf_import import read_hf_gpt2
     from gptcore.export.model_files import write_model_files
@@ -172,7 +181,9 @@ def _hub_folder(repository: str, uri: str, into: Path) -> Path:
         ) from None
 
 
-def base_model(uri: str, config: Any, into: Path, key: str = "finetune.model") -> tuple[Any, dict[str, str]]:
+def base_model(
+    uri: str, config: TrackingConfig | None, into: Path, key: str = "finetune.model"
+) -> tuple[ModelFiles, dict[str, str]]:
     """The model files a run starts from (a registered or logged model's, downloaded into the folder
     `into`; `hf:`; or a local model-files folder's) and its lineage: the URI and, for a registered one,
     its name, version, logged model, run and test split, as the trained versions' tags name them.

@@ -35,10 +35,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.tracking.models.gate import PASSED, BenchmarkGate
 from tasks.tracking.models.test_split import TEST_SPLIT
+
+if TYPE_CHECKING:
+    from tasks.params.schema import PipelineParams
+    from tasks.tracking.session import TrackingSession
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -61,7 +65,8 @@ class Registration:
     benchmark_gate: str | None = None  # the gate's verdict (None: no gate)
     not_compared: str | None = None  # why it was not compared with the champion (None: it was, or none)
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, str | float | None]:
+        """What the evaluate stage's figures add of the registration (the keys as the report reads them)."""
         gate = {"benchmark_gate": self.benchmark_gate} if self.benchmark_gate is not None else {}
         refused = {NOT_COMPARED: self.not_compared} if self.not_compared is not None else {}
         return {
@@ -74,7 +79,7 @@ class Registration:
         }
 
 
-def registered_name(params: Any) -> str:
+def registered_name(params: PipelineParams) -> str:
     """`tracking.registered_model`, else `gptpipe-iteration-N`, a fine-tune's `gptpipe-iteration-N-<name>`."""
     if params.tracking.registered_model:
         return params.tracking.registered_model
@@ -308,6 +313,11 @@ def settle_champion(client: Any, name: str, newcomer: str | None = None) -> str 
     and decided by the store alone: anyone may call it at any time, no lock needed. The holder's
     `decision` tag says `champion`, no other version's does. The version it settled on (None: none)."""
     return _version_number(_settle(client, name, newcomer))
+
+
+def champion_of(session: TrackingSession, name: str) -> str | None:
+    """The version `@champion` of `name` names in the session's store, settled first (`settle_champion`)."""
+    return settle_champion(session.client, name)
 
 
 def _settled_champion(client: Any, name: str) -> Any:
