@@ -61,10 +61,7 @@ class _RecordOf:
         def validate(value: Any) -> Any:
             return value if isinstance(value, cls) else read(value)
 
-        def serialize(value: Any) -> Any:
-            return value.to_dict() if hasattr(value, "to_dict") else TypeAdapter(cls).dump_python(value)
-
-        return Annotated[cls, PlainValidator(validate), PlainSerializer(serialize)]
+        return Annotated[cls, PlainValidator(validate), PlainSerializer(lambda value: value.to_dict())]
 
 
 Record = _RecordOf()

@@ -19,7 +19,6 @@ module here and the line of the flow that places it.
 from __future__ import annotations
 
 import ast
-import hashlib
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
-from gptcore.tools.fingerprint import fingerprint
+from gptcore.tools.fingerprint import fingerprint, sources_digest
 from tasks.caching import StageOutcome, run_cached, stage_task
 from tasks.params.schema import PipelineParams
 from tasks.results import StageResult
@@ -116,11 +115,7 @@ def prefect_task(name: str, cached: bool) -> Task[..., StageResult]:
 def code_reached(module: str) -> str:
     """The code version of `module` and every module of gptcore and tasks it reaches by its imports
     (`FOLLOWED`, without `NOT_FOLLOWED`), each hashed by name and source."""
-    digest = hashlib.sha256()
-    for name in sorted(_reached(module)):
-        digest.update(name.encode())
-        digest.update(_source(name).read_bytes())
-    return digest.hexdigest()[:16]
+    return sources_digest((name, _source(name)) for name in sorted(_reached(module)))
 
 
 @cache

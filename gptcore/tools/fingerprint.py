@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -34,21 +35,23 @@ def fingerprint(*parts: Any, length: int = 16) -> str:
     return sha256_bytes(canonical_json(list(parts)).encode())[:length]
 
 
+def sources_digest(sources: Iterable[tuple[str, Path]]) -> str:
+    """A code version: the hash of source files, each by the name it is known by and its content."""
+    digest = hashlib.sha256()
+    for name, path in sources:
+        digest.update(name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def code_version_of(*modules: ModuleType) -> str:
     """Hash of the given modules' source: a stage's cache key changes only when its own code does."""
-    digest = hashlib.sha256()
-    for module in modules:
-        digest.update(module.__name__.encode())
-        digest.update(Path(module.__file__ or "").read_bytes())
-    return digest.hexdigest()[:16]
+    return sources_digest((module.__name__, Path(module.__file__ or "")) for module in modules)
 
 
 @cache
 def code_version() -> str:
     """Hash of gptcore's own source: any change to the code that makes outputs invalidates caches."""
-    digest = hashlib.sha256()
     package = Path(__file__).parents[1]  # gptcore/, every subpackage of it
-    for source in sorted(package.rglob("*.py")):
-        digest.update(source.relative_to(package).as_posix().encode())
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+    sources = sorted(package.rglob("*.py"))
+    return sources_digest((source.relative_to(package).as_posix(), source) for source in sources)

@@ -4,24 +4,20 @@ base), resumed from the run folder's latest checkpoint when an earlier attempt s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.train.records import StartupRecord, SummaryRecord
-from tasks.caching import StageOutcome
-from tasks.params.jobs import TrainingStart, full_world_size
+from tasks.params.jobs import full_world_size
 from tasks.prefect_progress import PrefectProgress
 from tasks.results import CheckpointsResult, Figure, file_record
-from tasks.stage import Stage, announce
-from tasks.stages.device import DeviceResult
+from tasks.stage import announce
 from tasks.stages.smoke import SmokeResult
-from tasks.stages.tokens import TokensResult
-from tasks.stages.training import run_directory, train_stage, training_key
+from tasks.stages.training import Training, run_directory
 
 if TYPE_CHECKING:
-    from gptcore.train.callbacks import TrainingCallback
-    from tasks.tracking import PipelineRecorder
+    pass
 
 
 class FullResult(CheckpointsResult):
@@ -29,28 +25,20 @@ class FullResult(CheckpointsResult):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Full(Stage[FullResult]):
+class Full(Training[FullResult]):
     """Full training, its checkpoints in a run folder named by its key."""
 
     result_type = FullResult
     name: str = "full"  # a fine-tune's: finetune
-    start: TrainingStart
-    tokens: TokensResult
-    device: DeviceResult
     smoke: SmokeResult
-    callbacks: tuple[TrainingCallback, ...] = ()  # the stage run's MLflow callback: not part of the key
 
     def key(self) -> tuple[Any, ...]:
         """With `batch_size: auto` the batch the smoke stage found is part of it."""
         batch = self.reused_batch()
-        return training_key("full", self.params, self.start, self.tokens, self.device, batch=batch)
+        return self.training_key("full", batch=batch)
 
     def skip_reason(self) -> str | None:
         return self.params.full_refusal(self.device.runtime.device)
-
-    def run(self, tracking: PipelineRecorder) -> StageOutcome:
-        callbacks = tuple(tracking.training_callbacks(self.name, self.start.model))
-        return Stage.run(replace(self, callbacks=callbacks), tracking)
 
     def reused_batch(self) -> BatchChoice | None:
         """The smoke stage's `auto` batch, which full training trains with (None: configured)."""
@@ -70,10 +58,7 @@ class Full(Stage[FullResult]):
         progress = PrefectProgress(f"full-iteration-{params.iteration}", planned)
         callbacks = [progress, *self.callbacks]
         resume, nproc = resume_from is not None, full_world_size(params)
-        summary = train_stage(
-            params, "full", self.start, self.tokens, self.device, directory, callbacks, resume, nproc,
-            self.reused_batch(),
-        )  # fmt: skip
+        summary = self.train("full", directory, callbacks, resume, nproc, self.reused_batch())
         final = named_checkpoint(directory, "final") or latest_checkpoint(directory)
         outputs = [path for path in (final, named_checkpoint(directory, "best")) if path is not None]
         return FullResult(

@@ -5,7 +5,7 @@ machine and estimating the full run's time; its `auto` batch is the one full tra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -17,17 +17,14 @@ from gptcore.tools.atomic import write_json_atomic
 from gptcore.train.estimate import RunPlan, estimate_run
 from gptcore.train.records import StartupRecord, SummaryRecord
 from tasks.caching import StageOutcome
-from tasks.params.jobs import TrainingStart, full_world_size
+from tasks.params.jobs import full_world_size
 from tasks.prefect_progress import PrefectProgress
 from tasks.results import Figure, Record, StageResult, file_record
-from tasks.stage import Stage, announce
-from tasks.stages.device import DeviceResult
+from tasks.stage import announce
 from tasks.stages.smoke_gate import DataSizing, GateResult, judge, memory_limit
-from tasks.stages.tokens import TokensResult
-from tasks.stages.training import run_directory, train_stage, training_key
+from tasks.stages.training import Training, run_directory
 
 if TYPE_CHECKING:
-    from gptcore.train.callbacks import TrainingCallback
     from tasks.tracking import PipelineRecorder
 
 SMOKE_RECORD = "smoke.json"
@@ -63,24 +60,15 @@ class SmokeResult(StageResult):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Smoke(Stage[SmokeResult]):
+class Smoke(Training[SmokeResult]):
     """The full run's first steps on this machine, judged before full training may start."""
 
     result_type = SmokeResult
     name: str = "smoke"
-    start: TrainingStart
-    tokens: TokensResult
-    device: DeviceResult
-    callbacks: tuple[TrainingCallback, ...] = ()  # the stage run's MLflow callback: not part of the key
 
     def key(self) -> tuple[Any, ...]:
         # It trains the full run's first steps: the full section's settings (optimizer, schedule) too.
-        p = self.params
-        return training_key("smoke", p, self.start, self.tokens, self.device, schedule=p.full)
-
-    def run(self, tracking: PipelineRecorder) -> StageOutcome:
-        callbacks = tuple(tracking.training_callbacks(self.name, self.start.model))
-        return Stage.run(replace(self, callbacks=callbacks), tracking)
+        return self.training_key("smoke", schedule=self.params.full)
 
     def record(self, outcome: StageOutcome, tracking: PipelineRecorder) -> StageOutcome:
         tracking.record_stage(outcome)
@@ -88,11 +76,11 @@ class Smoke(Stage[SmokeResult]):
         return outcome
 
     def compute(self, fingerprint: str | None) -> SmokeResult:
-        params, tokens = self.params, self.tokens
+        params = self.params
         directory = run_directory(params, "smoke", fingerprint)
         progress = PrefectProgress(f"smoke-iteration-{params.iteration}", params.smoke.max_steps or 1)
         callbacks = [progress, *self.callbacks]
-        summary = train_stage(params, "smoke", self.start, tokens, self.device, directory, callbacks, False)
+        summary = self.train("smoke", directory, callbacks, resume=False)
         vocab = self.start.model.architecture.vocab_size
         peak = summary.peak_memory_bytes or 0
         gate = judge(progress.losses, progress.val_losses, peak, memory_limit(self.device.device), vocab)
