@@ -30,6 +30,7 @@ from gptcore.model.gpt import GPT
 from gptcore.serving.app import CompletionServer, create_app
 from gptcore.serving.config import ServeConfig
 from gptcore.serving.decoder import BatchDecoder
+from gptcore.serving.scheduler import QueueFull, Scheduler
 from gptcore.serving.sequence import Sampling, Sequence
 from gptcore.serving.served import load_served
 
@@ -105,9 +106,9 @@ def test_a_greedy_completion_is_the_same_alone_as_in_a_batch_of_32(model_folder:
     decoder = BatchDecoder(served.model, 32)
     sequences = [Sequence(ids, Sampling(max_tokens=40, temperature=0), served.tokenizer) for ids in prompts]
     waiting = list(sequences)
-    while waiting or decoder.running:
-        for _ in range(min(3, decoder.free, len(waiting))):  # a few join at each step
-            decoder.add(waiting.pop(0))
+    while waiting or decoder.sequences:
+        joining = min(3, decoder.free, len(waiting))  # a few join at each step
+        decoder.admit([waiting.pop(0) for _ in range(joining)])
         decoder.step()
     assert [sequence.generated for sequence in sequences] == alone
 
@@ -122,13 +123,60 @@ def test_a_seeded_sample_is_the_same_whatever_is_decoded_beside_it(model_folder:
         others = [Sequence(served.encode(p), Sampling(max_tokens=30, temperature=1.0), served.tokenizer)
                   for p in PROMPTS[1 : 1 + beside]]  # fmt: skip
         mine = Sequence(ids, seeded, served.tokenizer)
-        for sequence in [*others, mine]:
-            decoder.add(sequence)
-        while decoder.running:
+        decoder.admit([*others, mine])
+        while decoder.sequences:
             decoder.step()
         return mine.generated
 
     assert decode(0) == decode(7)
+
+
+def test_a_long_prompt_goes_in_by_chunks_while_the_batch_decodes_each_step(model_folder: Path) -> None:
+    """A step runs at most its token budget: the decoding sequences' next tokens, then as much of a long
+    prompt as is left. They take a token at every step while it goes in, and everyone still decodes
+    what `sample` decodes alone (the long one past its window, refilled)."""
+    served = load_served(model_files_at(model_folder), "tiny")
+    greedy = Sampling(max_tokens=20, temperature=0)
+    short = [served.encode(prompt)[:3] for prompt in PROMPTS[:3]]
+    long_ids = served.encode("".join(PROMPTS))[:30]
+    decoder = BatchDecoder(served.model, 4, step_tokens=12)
+    decoding = [Sequence(ids, greedy, served.tokenizer) for ids in short]
+    decoder.admit(decoding)
+    assert decoder.step().first_tokens == 3  # the three short prompts, in one prefill
+    long = Sequence(long_ids, Sampling(max_tokens=6, temperature=0), served.tokenizer)
+    decoder.admit([long])
+    reports = []
+    while not long.generated:
+        reports.append(decoder.step())
+    assert [(r.decoded, r.prefill_tokens, r.first_tokens) for r in reports] == [
+        (3, 9, 0), (3, 9, 0), (3, 9, 0), (3, 3, 1)  # 12 tokens a step at most: 3 decoded, 9 of the prompt
+    ]  # fmt: skip
+    while decoder.sequences:
+        decoder.step()
+    assert long.generated == sample(served.model, long_ids, 6, temperature=0)
+    assert [s.generated for s in decoding] == [sample(served.model, ids, 20, temperature=0) for ids in short]
+
+
+def test_a_crowd_waits_in_order_and_none_is_refused_below_the_queue_limit(model_folder: Path) -> None:
+    """Two rows, eight places in the queue: ten sequences are taken, the eleventh refused; they start
+    in the order they came, two at a time."""
+    served = load_served(model_files_at(model_folder), "tiny")
+    scheduler = Scheduler(lambda: BatchDecoder(served.model, 2, step_tokens=16), max_queue=8).start()
+    greedy = Sampling(max_tokens=4, temperature=0)
+    crowd = [Sequence(served.encode(PROMPTS[i]), greedy, served.tokenizer) for i in range(11)]
+    try:
+        with scheduler.held():
+            for sequence in crowd[:10]:
+                scheduler.submit([sequence])
+            with pytest.raises(QueueFull, match="at most 8"):
+                scheduler.submit([crowd[10]])
+        until(lambda: all(s.finished for s in crowd[:10]), "the ten are answered")
+    finally:
+        scheduler.stop()
+    started = [s.first_token_at for s in crowd[:10]]
+    assert started == sorted(started) and all(s.finish_reason == "length" for s in crowd[:10])
+    # two rows: each starts once the one two places before it has ended
+    assert all(crowd[i].first_token_at >= crowd[i - 2].finished_at for i in range(2, 10))
 
 
 # --- the API ------------------------------------------------------------------------------------------
@@ -204,7 +252,7 @@ def test_concurrent_requests_share_decode_steps_and_get_what_they_get_alone(mode
     together, step by step, and each gets what it got alone."""
     with serving(model_folder) as running:
         alone = [complete(running.url, prompt=p, max_tokens=16, temperature=0).json() for p in PROMPTS[:16]]
-        before = decode_steps(running)
+        before, prefills = decode_steps(running), prefill_calls(running)
         scheduler = running.server.scheduler
         with ThreadPoolExecutor(16) as pool:
             with scheduler.held():
@@ -218,6 +266,7 @@ def test_concurrent_requests_share_decode_steps_and_get_what_they_get_alone(mode
             after - earlier for after, earlier in zip(decode_steps(running), before, strict=True)
         )
         metrics = httpx.get(f"{running.url}/metrics").text
+        assert prefill_calls(running) - prefills == 1, "the 16 prompts went in together, in one prefill"
     assert [a["choices"] for a in together] == [a["choices"] for a in alone]
     # a prompt's prefill gives its first token; each of the 15 steps after decodes all 16 together
     assert (steps, batched) == (15, 15 * 16)
@@ -227,6 +276,10 @@ def test_concurrent_requests_share_decode_steps_and_get_what_they_get_alone(mode
 
 def figures(metrics: str) -> dict[str, str]:
     return dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
+
+
+def prefill_calls(running: Running) -> float:
+    return float(figures(httpx.get(f"{running.url}/metrics").text)["gptpipe_prefill_seconds_count"])
 
 
 def decode_steps(running: Running) -> tuple[float, float]:
@@ -277,6 +330,19 @@ def test_a_client_that_leaves_frees_its_row_at_the_next_step(model_folder: Path)
                 until(lambda: running.running() == 1, "it decodes")
             running.wait_until_idle()
             assert running.generated() < 100_000, f"the row was freed when its client left (stream {stream})"
+
+
+def test_a_step_budget_without_room_for_prompts_is_one_line(
+    model_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli.main import main
+
+    assert main(["serve", "--model", str(model_folder), "--max-batch", "64", "--step-tokens", "64"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == [
+        "error: --step-tokens 64: must exceed --max-batch 64 (a step decodes the whole batch and runs prompt "
+        "tokens with the rest)"
+    ]
 
 
 def test_a_key_guards_everything_but_health(model_folder: Path) -> None:

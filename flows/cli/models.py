@@ -166,6 +166,9 @@ def serve_command(
         help="bearer token every request must carry; required with a --host other machines reach",
     ),
     max_batch: int = typer.Option(64, "--max-batch", min=1, max=1024, help="sequences decoded together"),
+    step_tokens: int = typer.Option(
+        256, "--step-tokens", min=2, help="tokens a step runs at most: the batch's next tokens, then prompts"
+    ),
     max_queue: int = typer.Option(256, "--max-queue", min=0, help="sequences waiting at most (then 429)"),
     max_tokens: int = typer.Option(1024, "--max-tokens", min=1, help="new tokens a prompt may ask for"),
     request_timeout: float = typer.Option(60.0, "--request-timeout", min=0.1, help="seconds (then 504)"),
@@ -181,9 +184,15 @@ def serve_command(
     from gptcore.runtime.device import resolve_device
     from gptcore.serving.config import ServeConfig
 
+    if step_tokens <= max_batch:
+        raise ConfigError(
+            f"--step-tokens {step_tokens}: must exceed --max-batch {max_batch} (a step decodes the whole "
+            "batch and runs prompt tokens with the rest)"
+        )
     limits = ServeConfig(
-        max_batch=max_batch, max_queue=max_queue, max_tokens_cap=max_tokens, request_timeout=request_timeout,
-        max_prompts=max_prompts, max_body_bytes=max_body_bytes, api_key=api_key or None,
+        max_batch=max_batch, step_tokens=step_tokens, max_queue=max_queue, max_tokens_cap=max_tokens,
+        request_timeout=request_timeout, max_prompts=max_prompts, max_body_bytes=max_body_bytes,
+        api_key=api_key or None,
     )  # fmt: skip
     if not is_loopback(host) and not limits.api_key:
         raise ConfigError(

@@ -186,9 +186,10 @@ class GPT(nn.Module):
                 x = block(x, cache.layers[index] if cache is not None else None, rope)
         if cache is not None:
             cache.advance(length)
+        if targets is None:  # each row's last position (a padded prefill's rows end where they end)
+            last = cache.last_positions(x) if cache is not None else x[:, -1:, :]
+            return self.lm_head(self.transformer.ln_f(last)), None
         x = self.transformer.ln_f(x)
-        if targets is None:
-            return self.lm_head(x[:, -1:, :]), None
         if recompute or loss_only:
             pieces = self._chunked_loss(x.view(-1, x.size(-1)), targets.reshape(-1), torch.is_grad_enabled())
             return None, pieces

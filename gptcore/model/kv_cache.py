@@ -4,7 +4,8 @@ costs one position's forward pass instead of the whole context's.
 What the model asks of a cache (this one, or `gptcore.model.slot_cache.SlotCache`, many sequences at
 their own positions): `check_room(n)`, `positions(n, device)` of the new tokens, each layer's
 `attend(keys, values)` (every key and value the new queries see, their mask, whether it is plainly
-causal) and `advance(n)` once every layer has stored the step.
+causal), `advance(n)` once every layer has stored the step, and `last_positions(x)`, the hidden states
+whose logits are wanted.
 
 The cache holds at most `block_size` positions, the model's window. Positions are absolute (the `wpe`
 table, or rotary keys stored already rotated), so a full cache cannot slide: the sampler starts a new
@@ -72,6 +73,10 @@ class KVCache:
 
     def advance(self, new_positions: int) -> None:
         self.length += new_positions
+
+    def last_positions(self, x: torch.Tensor) -> torch.Tensor:
+        """Of the call's hidden states, the last position's: the one whose logits sampling needs."""
+        return x[:, -1:, :]
 
 
 def attention_mask(new_positions: int, cached: int, device: torch.device) -> torch.Tensor | None:

@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import json
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from gptcore.serving.config import ServeConfig
 from gptcore.serving.decoder import BatchDecoder
@@ -37,7 +41,7 @@ from gptcore.tools.records import JSONObject
 
 OPEN_PATHS = ("/health", "/ping")  # answered without the API key: a load balancer's probe carries none
 ENDPOINTS = ("/v1/completions", "/v1/models", "/health", "/ping", "/metrics", "/invocations")
-POLL_SECONDS = 0.25  # how often a waiting handler asks whether its client is still there
+LEFT = (-1, "", None)  # the event a request's watcher queues when its client has left
 
 
 class CompletionServer:
@@ -52,7 +56,7 @@ class CompletionServer:
 
     def _build(self, load: Callable[[], ServedModel]) -> BatchDecoder:
         self.served = load()
-        return BatchDecoder(self.served.model, self.limits.max_batch)
+        return BatchDecoder(self.served.model, self.limits.max_batch, self.limits.step_tokens)
 
     def start(self) -> CompletionServer:
         self.scheduler.start()
@@ -113,26 +117,35 @@ class Waiting:
     async def until_done(self, request: Request) -> AsyncIterator[tuple[int, str, str | None]]:
         """Every event up to each sequence's last (the one with its finish reason); it stops early when
         the client leaves or the deadline passes (the sequences cancelled)."""
-        ended = 0
-        while ended < len(self.sequences):
-            event = await self.next_event(request)
-            if event is None:
-                return
-            ended += event[2] is not None
-            yield event
+        watcher = asyncio.create_task(self._watch(request))
+        try:
+            ended = 0
+            while ended < len(self.sequences):
+                event = await self.next_event()
+                if event is None:
+                    return
+                ended += event[2] is not None
+                yield event
+        finally:
+            watcher.cancel()
 
-    async def next_event(self, request: Request) -> tuple[int, str, str | None] | None:
+    async def _watch(self, request: Request) -> None:
+        """Wait for the client to leave (the body is read: the next message is its disconnect), then
+        wake the handler: a waiting request costs nothing until then, however long it waits."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.events.put_nowait(LEFT)
+
+    async def next_event(self) -> tuple[int, str, str | None] | None:
         """The next event; None when the client left or the deadline passed (the sequences cancelled)."""
-        deadline = self.sequences[0].deadline or float("inf")
-        while True:
-            timeout = min(POLL_SECONDS, deadline - time.monotonic())
-            if timeout <= 0:
-                return self.cancel()
-            try:
-                return await asyncio.wait_for(self.events.get(), timeout)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return self.cancel()
+        deadline = self.sequences[0].deadline
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            async with asyncio.timeout(remaining):
+                event = await self.events.get()
+        except TimeoutError:
+            return self.cancel()
+        return self.cancel() if event is LEFT else event
 
     def cancel(self) -> None:
         self.server.scheduler.cancel([s for s in self.sequences if not s.finished])
@@ -224,48 +237,34 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def create_app(server: CompletionServer) -> FastAPI:
-    """The HTTP API of a started `server`; shutting the app down stops its decode loop."""
+def create_app(server: CompletionServer) -> Starlette:
+    """The HTTP API of a started `server`; shutting the app down stops its decode loop. Starlette's
+    routing, nothing above it: a short request's time belongs to the model (docs/inference.md)."""
     limits = server.limits
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
         yield
         await asyncio.to_thread(server.stop)
 
-    app = FastAPI(title="gptpipe", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    async def health(_: Request) -> Response:
+        served, scheduler = server.model, server.scheduler
+        return JSONResponse(asdict(Health("ok", served.name, scheduler.running, scheduler.waiting)))
 
-    app.add_middleware(Guard, server=server)
-
-    _answer_errors(app)
-
-    @app.get("/health")
-    async def health() -> Health:
-        return Health("ok", server.model.name, server.scheduler.running, server.scheduler.waiting)
-
-    @app.get("/ping")
-    async def ping() -> Response:
+    async def ping(_: Request) -> Response:
         return Response("\n", media_type="application/json")  # MLflow's scoring server's probe
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(_: Request) -> Response:
         return Response(server.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
-    async def models() -> ModelList:
+    async def models(_: Request) -> Response:
         served = server.model
         card = ModelCard(
-            served.name,
-            "model",
-            int(server.started),
-            "gptpipe",
-            served.window,
-            limits.max_tokens_cap,
+            served.name, "model", int(server.started), "gptpipe", served.window, limits.max_tokens_cap,
             served.method,
-        )
-        return ModelList("list", [card])
+        )  # fmt: skip
+        return JSONResponse(asdict(ModelList("list", [card])))
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         job = completion_job(await read_body(request, limits.max_body_bytes), limits, server.model.name)
         waiting = Waiting(server, server.sequences(job))
@@ -275,10 +274,8 @@ def create_app(server: CompletionServer) -> FastAPI:
         if not await _wait(waiting, request):
             return _timed_out(waiting)
         choices = [_choice(index, s.text, s.finish_reason) for index, s in enumerate(waiting.sequences)]
-        answer = {**asdict(_head(server)), "choices": choices, "usage": waiting.usage()}
-        return JSONResponse(answer)
+        return JSONResponse({**_head(server), "choices": choices, "usage": waiting.usage()})
 
-    @app.post("/invocations")
     async def invocations(request: Request) -> Response:
         job = invocation_job(await read_body(request, limits.max_body_bytes), limits)
         waiting = Waiting(server, server.sequences(job))
@@ -287,30 +284,44 @@ def create_app(server: CompletionServer) -> FastAPI:
             return _timed_out(waiting)
         return JSONResponse({"predictions": [sequence.text for sequence in waiting.sequences]})
 
-    return app
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/ping", ping, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/invocations", invocations, methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(Guard, server=server)],
+        exception_handlers={BadRequest: _bad_request, HTTPException: _http_error, Exception: _failure},
+        lifespan=lifespan,
+    )
 
 
-def _answer_errors(app: FastAPI) -> None:
-    """Every refusal as one sentence: OpenAI's error object, MLflow's on /invocations."""
+# --- every refusal as one sentence: OpenAI's error object, MLflow's on /invocations ---------------------
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(request: Request, error: BadRequest) -> JSONResponse:
-        if request.url.path == "/invocations":  # in MLflow's scoring server's words, for its clients
-            body = {"error_code": "INVALID_PARAMETER_VALUE", "message": error.message}
-            return JSONResponse(body, status_code=error.status, headers=_retry(error.status))
-        return refusal(error.status, error.message, error.param)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        messages = {
-            404: f"{request.url.path}: no such endpoint; see GET /v1/models and POST /v1/completions",
-            405: f"{request.method} {request.url.path}: method not allowed",
-        }
-        return refusal(error.status_code, messages.get(error.status_code, str(error.detail)))
+async def _bad_request(request: Request, error: Exception) -> Response:
+    assert isinstance(error, BadRequest)
+    if request.url.path == "/invocations":  # in MLflow's scoring server's words, for its clients
+        body = {"error_code": "INVALID_PARAMETER_VALUE", "message": error.message}
+        return JSONResponse(body, status_code=error.status, headers=_retry(error.status))
+    return refusal(error.status, error.message, error.param)
 
-    @app.exception_handler(Exception)
-    async def failure(_: Request, error: Exception) -> JSONResponse:
-        return refusal(500, f"the server failed to answer ({type(error).__name__}); see its log")
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    messages = {
+        404: f"{request.url.path}: no such endpoint; see GET /v1/models and POST /v1/completions",
+        405: f"{request.method} {request.url.path}: method not allowed",
+    }
+    return refusal(error.status_code, messages.get(error.status_code, str(error.detail)))
+
+
+async def _failure(_: Request, error: Exception) -> Response:
+    return refusal(500, f"the server failed to answer ({type(error).__name__}); see its log")
 
 
 class Guard:
@@ -368,19 +379,27 @@ def _timed_out(waiting: Waiting) -> JSONResponse:
     return refusal(*_unfinished(waiting))
 
 
-def _head(server: CompletionServer) -> Head:
-    return Head(f"cmpl-{uuid.uuid4().hex}", "text_completion", int(time.time()), server.model.name)
+COMPLETION_IDS = itertools.count()
+ID_PREFIX = secrets.token_hex(6)  # one random prefix a process, a counter after it: unique, cheap
+
+
+def _head(server: CompletionServer) -> dict[str, str | int]:
+    """The head of a completion body or chunk, as its body holds it (`Head`'s fields)."""
+    head = Head(
+        f"cmpl-{ID_PREFIX}{next(COMPLETION_IDS):08x}", "text_completion", int(time.time()), server.model.name
+    )
+    return dict(vars(head))  # vars, not asdict: a flat record needs no deep copy
 
 
 def _choice(index: int, text: str, reason: str | None) -> dict[str, str | int | None]:
     """A choice as its body holds it."""
-    return asdict(Choice(text, index, None, reason))
+    return dict(vars(Choice(text, index, None, reason)))
 
 
 async def _stream(waiting: Waiting, job: Job, request: Request) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, one with each prompt's finish reason, the usage
     when asked (`stream_options.include_usage`), then `[DONE]`. A deadline ends it with an error event."""
-    head = asdict(_head(waiting.server))
+    head = _head(waiting.server)
     try:
         async for index, delta, reason in waiting.until_done(request):
             if reason in ("stop", "length") or (delta and reason is None):

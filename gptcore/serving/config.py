@@ -6,12 +6,18 @@ from pydantic import Field
 
 from gptcore.tools.strict import Strict
 
+STEP_TOKENS = 256  # tokens one step runs at most by default: a decode of 64 rows and 192 prompt tokens
+
 
 class ServeConfig(Strict):
     """The limits of `gptpipe serve`: every request beyond them is refused in one sentence, never queued
     without end, never left computing for a client that is gone."""
 
     max_batch: int = Field(default=64, ge=1, le=1024, description="sequences decoded together at most")
+    step_tokens: int = Field(
+        default=STEP_TOKENS, ge=2, description="tokens one step runs at most: the batch's next tokens, then "
+        "prompt tokens (a longer prompt goes in over several steps); more than max_batch",
+    )  # fmt: skip
     max_queue: int = Field(
         default=256, ge=0, description="sequences waiting for a row at most; beyond them 429 and Retry-After"
     )

@@ -1,57 +1,126 @@
-"""Continuous batching: sequences join the running batch between decode steps and leave when they end.
+"""Continuous batching: sequences join the running batch between steps and leave when they end.
 
-`add` prefills a new sequence's prompt alone into a free row of the slot cache and takes its first
-token from it; `step` runs one token of every running sequence through the model together and hands
-each its next token. A sequence whose window is full starts its row again from the last three quarters
-of its context, as `gptcore.generate.sample` does. A finished, cancelled or expired sequence frees its
-row for the next (`drop`). Everything here runs on one thread, the decode loop's
-(`gptcore.serving.scheduler`).
+`admit` gives new sequences a row of the slot cache each; `step` runs one step: one token of every
+decoding sequence through the model together, then prompt tokens of the admitted sequences, oldest first,
+within the step's token budget (`step_tokens`): several short prompts at once (right-padded to the
+longest), or the next chunk of a long one. A sequence whose prompt is in takes its first token from the
+prefill and decodes from the next step on; so a long prompt arriving among decoding sequences delays
+their next token by at most one budget of prefill, never by its whole length. A sequence whose window is
+full starts its row again from the last three quarters of its context, as `gptcore.generate.sample`
+does. A finished, cancelled or expired sequence frees its row for the next (`drop`). Everything here runs
+on one thread, the decode loop's (`gptcore.serving.scheduler`).
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import torch
 
 from gptcore.generate import REFILL_KEEP, choose_next
 from gptcore.model.gpt import GPT
 from gptcore.model.slot_cache import SlotCache
+from gptcore.serving.config import STEP_TOKENS
 from gptcore.serving.sequence import FinishReason, Sequence
 
 
-class BatchDecoder:
-    """A model decoding up to `slots` sequences at once; `running[row]` is the sequence in that row."""
+@dataclass(frozen=True)
+class StepReport:
+    """What one step did: the decode pass over the running batch, the prefill after it."""
 
-    def __init__(self, model: GPT, slots: int) -> None:
+    decoded: int  # sequences that took a token from the decode pass (the step's batch)
+    decode_seconds: float
+    prefill_tokens: int  # prompt tokens run through the model (padding not counted)
+    prefill_seconds: float
+    first_tokens: int  # sequences whose prompt was all in: each took its first token
+
+    @property
+    def tokens(self) -> int:
+        """New tokens the step gave its sequences."""
+        return self.decoded + self.first_tokens
+
+
+class BatchDecoder:
+    """A model decoding up to `slots` sequences at once. `running[row]` decodes in rows `0..len-1`;
+    `prefilling` holds the admitted sequences whose prompt is not all in yet, oldest first, in rows of
+    their own past the running ones."""
+
+    def __init__(self, model: GPT, slots: int, step_tokens: int = STEP_TOKENS) -> None:
+        if step_tokens <= slots:
+            raise ValueError(f"step_tokens {step_tokens} must exceed slots {slots}: prompts need room too")
         self.model = model.eval()
         self.window = model.config.block_size
+        self.step_tokens = step_tokens
         self.device = next(model.parameters()).device
         self.cache = SlotCache(model.config.n_layer, self.window, slots, self.device)
         self.running: list[Sequence] = []
+        self.prefilling: list[Sequence] = []
+        self._rows: dict[int, int] = {}  # id(sequence) -> its row, for the prefilling ones
+        self._free_rows = list(range(slots))  # every one past the decoding rows: the lowest is taken first
 
     @property
     def free(self) -> int:
-        return self.cache.slots - len(self.running)
+        return self.cache.slots - len(self.running) - len(self.prefilling)
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """Every sequence holding a row: decoding, then waiting for the rest of its prompt."""
+        return [*self.running, *self.prefilling]
+
+    def admit(self, sequences: list[Sequence]) -> None:
+        """Give each sequence a row; its prompt (the last `block_size` tokens) goes in at the next steps."""
+        if len(sequences) > self.free:
+            raise RuntimeError(f"{len(sequences)} sequences, {self.free} free rows: admit at most `free`")
+        for sequence in sequences:
+            row = min(self._free_rows)
+            self._free_rows.remove(row)
+            self._rows[id(sequence)] = row
+            sequence.cached = 0
+            self.prefilling.append(sequence)
 
     @torch.no_grad()
-    def add(self, sequence: Sequence) -> None:
-        """Prefill the sequence's prompt (its last `block_size` tokens) into a free row: its first token."""
-        if self.free == 0:
-            raise RuntimeError("no free row: add only while `free` is positive")
-        row = len(self.running)
-        self.running.append(sequence)
-        logits = self._prefill(row, sequence.context[-self.window :])
-        self._take(sequence, logits)
+    def step(self) -> StepReport:
+        """One token of every decoding sequence, then prompt tokens within the rest of the budget."""
+        started = time.perf_counter()
+        decoded = self._decode()
+        decode_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        prompt_tokens, first_tokens = self._prefill_within(self.step_tokens - decoded)
+        prefill_seconds = time.perf_counter() - started if prompt_tokens else 0.0
+        self.drop_finished()
+        return StepReport(decoded, decode_seconds, prompt_tokens, prefill_seconds, first_tokens)
+
+    def drop(self, sequence: Sequence, reason: FinishReason) -> None:
+        """End a sequence (its client left, its deadline passed) and free its row."""
+        sequence.finish(reason)
         self.drop_finished()
 
-    @torch.no_grad()
-    def step(self) -> None:
-        """One new token of every running sequence, decoded together."""
+    def drop_finished(self) -> None:
+        """Free the rows of finished sequences; the last decoding row moves into a freed decoding row."""
+        for sequence in [s for s in self.prefilling if s.finished]:
+            self.prefilling.remove(sequence)
+            self._free_rows.append(self._rows.pop(id(sequence)))
+        for row in reversed(range(len(self.running))):
+            if self.running[row].finished:
+                last = len(self.running) - 1
+                if row != last:
+                    self.cache.move(last, row, self.running[last].cached)
+                    self.running[row] = self.running[last]
+                self.running.pop()
+                self._free_rows.append(last)
+
+    # --- decode -------------------------------------------------------------------------------------
+
+    def _decode(self) -> int:
+        """One new token of every decoding sequence, together; how many there were."""
         if not self.running:
-            return
+            return 0
         for row, sequence in enumerate(self.running):
             if sequence.cached == self.window:  # the window is full: again from the context's last tokens
                 keep = max(2, int(self.window * REFILL_KEEP))
-                self._prefill(row, sequence.context[-keep:-1])  # the newest token is decoded below
+                self._forward([row], 0, [sequence.context[-keep:-1]])  # the newest token is decoded below
+                sequence.cached = keep - 1
         tokens = torch.tensor([[s.context[-1]] for s in self.running], dtype=torch.long, device=self.device)
         longest = max(sequence.cached for sequence in self.running)
         logits, _ = self.model(tokens, cache=self.cache.decode(len(self.running), longest))
@@ -60,27 +129,82 @@ class BatchDecoder:
         for row, sequence in enumerate(self.running):
             sequence.cached += 1
             self._take(sequence, logits[row : row + 1], greedy[row])
+        return len(self.running)
+
+    # --- prefill ------------------------------------------------------------------------------------
+
+    def _prefill_within(self, budget: int) -> tuple[int, int]:
+        """Prompt tokens of the oldest admitted sequences, `budget` at most (padding counted): the
+        prompts that fit whole together, else the next chunk of the oldest. Prompt tokens run, and how
+        many sequences took their first token."""
+        for sequence in [s for s in self.prefilling if s.cancelled]:
+            sequence.finish("cancelled")  # its client left while it waited for its prompt
         self.drop_finished()
+        if not self.prefilling or budget <= 0:
+            return 0, 0
+        whole = self._whole_prompts(budget)
+        if whole:
+            prompts = [self._prompt(sequence) for sequence in whole]
+            logits = self._forward([self._rows[id(s)] for s in whole], 0, prompts)
+            for sequence, prompt in zip(whole, prompts, strict=True):
+                sequence.cached = len(prompt)
+            self._started(whole, logits)
+            return sum(len(prompt) for prompt in prompts), len(whole)
+        oldest = self.prefilling[0]  # a prompt longer than the budget: its next chunk, alone
+        prompt = self._prompt(oldest)
+        chunk = prompt[oldest.cached : oldest.cached + budget]
+        logits = self._forward([self._rows[id(oldest)]], oldest.cached, [chunk])
+        oldest.cached += len(chunk)
+        if oldest.cached < len(prompt):
+            return len(chunk), 0
+        self._started([oldest], logits)
+        return len(chunk), 1
 
-    def drop(self, sequence: Sequence, reason: FinishReason) -> None:
-        """End a running sequence (its client left, its deadline passed) and free its row."""
-        sequence.finish(reason)
-        self.drop_finished()
+    def _whole_prompts(self, budget: int) -> list[Sequence]:
+        """The oldest prompts not yet begun that fit the budget together, padded to the longest."""
+        chosen: list[Sequence] = []
+        longest = 0
+        for sequence in self.prefilling:
+            size = len(self._prompt(sequence))
+            if sequence.cached or (len(chosen) + 1) * max(longest, size) > budget:
+                break
+            chosen.append(sequence)
+            longest = max(longest, size)
+        return chosen
 
-    def drop_finished(self) -> None:
-        """Free the rows of finished sequences, the last running row moved into each."""
-        for row in reversed(range(len(self.running))):
-            if self.running[row].finished:
-                last = len(self.running) - 1
-                if row != last:
-                    self.cache.move(last, row)
-                    self.running[row] = self.running[last]
-                self.running.pop()
+    def _prompt(self, sequence: Sequence) -> list[int]:
+        return sequence.context[-self.window :]
 
-    def _prefill(self, row: int, ids: list[int]) -> torch.Tensor:
-        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
-        logits, _ = self.model(tokens, cache=self.cache.prefill(row))
-        self.running[row].cached = len(ids)
+    def _started(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
+        """Prompts all in: each sequence takes its first token and joins the decoding rows."""
+        for index, sequence in enumerate(sequences):
+            self.prefilling.remove(sequence)
+            row, target = self._rows.pop(id(sequence)), len(self.running)
+            if row != target:  # the decoding rows stay 0..running-1: take the next one
+                self._make_room(target)
+                self.cache.move(row, target, sequence.cached)
+                self._free_rows.append(row)
+            self.running.append(sequence)
+            self._take(sequence, logits[index : index + 1])
+
+    def _make_room(self, target: int) -> None:
+        """Row `target` free for a sequence joining the decoding rows: a prefilling sequence there moves."""
+        if target in self._free_rows:
+            self._free_rows.remove(target)
+            return
+        occupant = next(s for s in self.prefilling if self._rows[id(s)] == target)
+        row = min(self._free_rows)
+        self._free_rows.remove(row)
+        self.cache.move(target, row, occupant.cached)
+        self._rows[id(occupant)] = row
+
+    def _forward(self, rows: list[int], start: int, prompts: list[list[int]]) -> torch.Tensor:
+        """The prompts' tokens from `start` into their rows, right-padded; each row's last logits."""
+        longest = max(len(prompt) for prompt in prompts)
+        padded = [prompt + [0] * (longest - len(prompt)) for prompt in prompts]
+        tokens = torch.tensor(padded, dtype=torch.long, device=self.device)
+        lengths = [len(prompt) for prompt in prompts]
+        logits, _ = self.model(tokens, cache=self.cache.prefill(rows, start, lengths))
         return logits[:, -1, :].float()
 
     def _take(self, sequence: Sequence, logits: torch.Tensor, greedy: int | None = None) -> None:

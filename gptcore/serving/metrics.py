@@ -1,6 +1,7 @@
 """A completions server's figures in Prometheus' text format (`GET /metrics`): requests by endpoint and
-status, prompt and generated tokens, the queue, the running batch, each step's batch, time to first
-token and time per output token. One registry per server, so two servers in a process never mix."""
+status, prompt and generated tokens, the queue, the running batch, each step's decode batch and seconds,
+its prefill's seconds and tokens, time to first token and time per output token. One registry per
+server, so two servers in a process never mix."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gptcore.serving.decoder import StepReport
 from gptcore.serving.sequence import Sequence
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -31,8 +33,13 @@ class ServerMetrics:
             "gptpipe_decode_step_batch_size", "sequences each decode step ran", buckets=BATCH_BUCKETS, **on
         )
         self.step_seconds = Histogram(
-            "gptpipe_decode_step_seconds", "seconds of each decode step", buckets=LATENCY_BUCKETS, **on
+            "gptpipe_decode_step_seconds", "seconds of each step's decode pass", buckets=LATENCY_BUCKETS, **on
         )
+        self.prefill_seconds = Histogram(
+            "gptpipe_prefill_seconds", "seconds of each step's prefill (prompts, or a long one's chunk)",
+            buckets=LATENCY_BUCKETS, **on,
+        )  # fmt: skip
+        self.prefill_tokens = Counter("gptpipe_prefilled_tokens", "prompt tokens run through the model", **on)
         self.first_token = Histogram(
             "gptpipe_time_to_first_token_seconds", "from a request's arrival to its first token",
             buckets=LATENCY_BUCKETS, **on,
@@ -42,14 +49,18 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS, **on,
         )  # fmt: skip
 
-    def stepped(self, batch: int, seconds: float) -> None:
+    def stepped(self, report: StepReport) -> None:
         """The decode loop's observer (`gptcore.serving.scheduler.Observer`)."""
-        self.step_batch.observe(batch)
-        self.step_seconds.observe(seconds)
+        self.generated_tokens.inc(report.tokens)  # as they are made: a rate over a window is exact
+        if report.decoded:
+            self.step_batch.observe(report.decoded)
+            self.step_seconds.observe(report.decode_seconds)
+        if report.prefill_tokens:
+            self.prefill_seconds.observe(report.prefill_seconds)
+            self.prefill_tokens.inc(report.prefill_tokens)
 
     def sequence_ended(self, sequence: Sequence) -> None:
         self.prompt_tokens.inc(len(sequence.prompt_ids))
-        self.generated_tokens.inc(len(sequence.generated))
         if sequence.first_token_at is not None:
             self.first_token.observe(sequence.first_token_at - sequence.submitted_at)
             if sequence.finished_at is not None and len(sequence.generated) > 1:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from gptcore.serving.decoder import BatchDecoder
+from gptcore.serving.decoder import BatchDecoder, StepReport
 from gptcore.serving.sequence import Sequence
 
 LOG = logging.getLogger("gptpipe.serving")
@@ -29,9 +29,9 @@ class QueueFull(Exception):
 
 
 class Observer(Protocol):
-    """What the loop tells a server's metrics: each step's batch and how long it took."""
+    """What the loop tells a server's metrics: what each step did and how long it took."""
 
-    def stepped(self, batch: int, seconds: float) -> None: ...
+    def stepped(self, report: StepReport) -> None: ...
 
 
 class Scheduler:
@@ -59,7 +59,7 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return len(self.decoder.running) if self.decoder is not None else 0
+        return len(self.decoder.sequences) if self.decoder is not None else 0
 
     def start(self) -> Scheduler:
         """Start the loop once the decoder is built; what building it raised is raised here."""
@@ -121,33 +121,29 @@ class Scheduler:
     def _loop(self, decoder: BatchDecoder) -> None:
         while True:
             with self._wake:
-                while not (self._stopping or (self._waiting and not self._held) or decoder.running):
+                while not (self._stopping or (self._waiting and not self._held) or decoder.sequences):
                     self._wake.wait()
                 if self._stopping:
                     break
                 admitted = 0 if self._held else min(decoder.free, len(self._waiting))
                 joining = [self._waiting.popleft() for _ in range(admitted)]
             now = time.monotonic()
-            for sequence in joining:
-                if not _gone(sequence, now):
-                    _guarded(decoder, lambda sequence=sequence: decoder.add(sequence), [sequence])
-            for sequence in list(decoder.running):
+            decoder.admit([sequence for sequence in joining if not _gone(sequence, now)])
+            for sequence in decoder.sequences:
                 _gone(sequence, now)
             decoder.drop_finished()
             self._step(decoder)
-        for sequence in [*self._waiting, *decoder.running]:
+        for sequence in [*self._waiting, *decoder.sequences]:
             sequence.finish("cancelled")
         self._waiting.clear()
-        decoder.running.clear()
+        decoder.drop_finished()
 
     def _step(self, decoder: BatchDecoder) -> None:
-        batch = len(decoder.running)
-        if not batch:
+        if not decoder.sequences:
             return
-        started = time.perf_counter()
-        _guarded(decoder, decoder.step, list(decoder.running))
-        if self.observer is not None:
-            self.observer.stepped(batch, time.perf_counter() - started)
+        report = _guarded(decoder, decoder.step, decoder.sequences)
+        if report is not None and self.observer is not None:
+            self.observer.stepped(report)
 
 
 def _gone(sequence: Sequence, now: float) -> bool:
@@ -157,13 +153,16 @@ def _gone(sequence: Sequence, now: float) -> bool:
     return sequence.finished
 
 
-def _guarded(decoder: BatchDecoder, work: Callable[[], None], sequences: list[Sequence]) -> None:
-    """Decoder work; when it fails (out of memory, a bug), its sequences end with `error` and the loop
-    goes on for the others."""
+def _guarded(
+    decoder: BatchDecoder, work: Callable[[], StepReport], sequences: list[Sequence]
+) -> StepReport | None:
+    """A step; when it fails (out of memory, a bug), its sequences end with `error`, the loop goes on
+    for the others, and there is no report."""
     try:
-        work()
+        return work()
     except Exception:
         LOG.exception("decoding %d sequence(s) failed; they end with finish reason error", len(sequences))
         for sequence in sequences:
             sequence.finish("error")
         decoder.drop_finished()
+        return None
