@@ -5,21 +5,25 @@ Starts `gptpipe serve --model MODEL` on a free loopback port, then for each numb
 sending `POST /v1/completions` (one prompt, greedy, `max_tokens` new tokens; each client sends its next
 request when its last is answered). The clients run in `--client-processes` processes of their own
 (`bench/load_clients.py`: hand-written keep-alive HTTP, a few tens of microseconds a request), so a row
-measures the server. A row is measured over `--seconds` after `--warmup` seconds of the same load, and
-says: aggregate requests/s and tokens/s, the share of the ceiling, p50 and p99 latency, the mean time to
-first token, the mean decode batch and the share of the server's step time spent in prefill (the last
-three from the server's `/metrics`, as deltas over the window), the requests refused (429), and the CPU
-the clients spent and the CPU spent by anything that is neither server nor clients nor this bench (read
-from /proc): a row beside other work says so.
+measures the server. A row is measured in `--rounds` stretches (`--seconds` in all, each after
+`--warmup` seconds of the same load), each right after a two-second window of the ceiling: machines
+drift, and a share of the ceiling compares figures taken seconds apart. A row says: aggregate requests/s
+and tokens/s (the server's own count of the tokens it made in the window), the share of the ceiling
+(median and spread of the rounds), p50 and p99 latency, the mean time to first token, the mean decode
+batch and the mean pass (the last three from the server's `/metrics`, as deltas), the requests refused
+(429), and the CPU the clients spent and the CPU spent by anything that is neither server nor clients
+nor this bench (read from /proc): a row beside other work says so.
 
 The ceiling is the server's own decoder in this process with nothing else running: `--ceiling-batch`
-sequences decoding, each replaced as it ends, measured over two-second windows at steady state until
-three in a row agree within 3%, printed as their median and spread, with its prefill and decode apart.
+sequences decoding, each replaced as it ends. Before the rows it is measured over two-second windows
+until three in a row agree within 3%, printed as their median and spread, with the passes that decoded
+alone apart from those that took prompts in.
 
 `--long-prompt 2000` adds the long-prompt case: the same architecture with a window of 2,048 tokens
 (random weights: time does not depend on them), 32 streaming clients decoding, and one prompt of that many
-tokens arriving among them: their largest gap between two tokens while it is prefilled, beside their
-median gap and the server's token budget per step. Run after `make run` (which registers the champion):
+tokens arriving among them: their largest gap between two tokens while it goes in, beside their median
+gap, with the server's token budget per step and with a budget past the prompt (one piece). Run after
+`make run` (which registers the champion):
 
     .venv/bin/python bench/serve_load.py [--model models:/gptpipe-iteration-1@champion] [--seconds 12]
 """
@@ -200,8 +204,6 @@ class Row:
     def cells(self, one_client: float) -> list[str]:
         rate, ratios = self.tokens_per_second, self.of_ceiling
         requests = sum(m.requests_in_window for r in self.rounds for m in r.measured) / self.seconds
-        step = self.total("gptpipe_decode_step_seconds_sum")
-        prefill = self.total("gptpipe_prefill_seconds_sum")
         return [
             str(self.clients), str(self.new_tokens), f"{requests:.1f}", f"{rate:,.0f}",
             f"{rate / one_client:.2f}",
@@ -210,7 +212,6 @@ class Row:
             f"{self.mean('gptpipe_time_to_first_token_seconds'):.3f}",
             f"{self.mean('gptpipe_decode_step_batch_size'):.1f}",
             f"{1000 * self.mean('gptpipe_decode_step_seconds'):.1f}",
-            f"{prefill / (step + prefill) if step + prefill else 0:.0%}",
             str(sum(m.refused for r in self.rounds for m in r.measured)),
             f"{max(r.client_cpu for r in self.rounds):.2f}", f"{max(r.other_cpu for r in self.rounds):.2f}",
         ]  # fmt: skip
@@ -218,7 +219,7 @@ class Row:
 
 HEADERS = [
     "clients", "new tokens", "requests/s", "tokens/s", "x 1 client", "of ceiling (rounds)", "p50 s", "p99 s",
-    "mean TTFT s", "mean batch", "step ms", "prefill", "refused", "client CPU", "other CPU",
+    "mean TTFT s", "mean batch", "pass ms", "refused", "client CPU", "other CPU",
 ]  # fmt: skip
 
 
@@ -240,11 +241,13 @@ def start_clients(
 
 
 def measure_round(url: str, server: subprocess.Popen, clients: int, new_tokens: int, ceiling: float,
-                  args: argparse.Namespace) -> Round:  # fmt: skip
-    """One stretch of load: `--warmup` s, then `--seconds / --rounds` measured."""
-    seconds = args.seconds / args.rounds
+                  args: argparse.Namespace, cycle: float) -> Round:  # fmt: skip
+    """One stretch of load: `--warmup` s, then `--seconds / --rounds` measured; both at least `cycle`,
+    the time every client takes to be answered once, so a queue past the batch is full and its
+    latencies counted."""
+    seconds = max(args.seconds / args.rounds, cycle)
     start = time.time() + 0.5  # every process has connected by then
-    measure_from = start + args.warmup
+    measure_from = start + max(args.warmup, cycle)
     stop = measure_from + seconds
     port = int(url.rsplit(":", 1)[1])
     workers = start_clients(
@@ -277,10 +280,11 @@ class Window:
 
     tokens: int = 0
     seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    decode_steps: int = 0
-    prefill_tokens: int = 0
+    decoding_seconds: float = 0.0  # passes that decoded alone
+    decoding_passes: int = 0
+    joined_seconds: float = 0.0  # passes that packed prompts with the decoding rows
+    joined_passes: int = 0
+    prompt_tokens: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -306,27 +310,41 @@ class Ceiling:
         self.made = 0
 
     def window(self, new_tokens: int, seconds: float) -> Window:
+        """Tokens made over `seconds`. The batch starts staggered, the sequences a different way from
+        their ends (the first fill's lengths spread from 1 to `new_tokens`), as independent clients'
+        are: started together, they would end together and join together, one wave of prompts every
+        `new_tokens` passes where clients' prompts join a few at every pass."""
         from gptcore.serving.sequence import Sampling, Sequence
 
         greedy = Sampling(max_tokens=new_tokens, temperature=0)
-        for sequence in self.decoder.sequences:  # left from another length: ended, not counted
+        for sequence in self.decoder.sequences:  # left from the last window: ended, not counted
             sequence.finish("cancelled")
         self.decoder.drop_finished()
+        spread = [
+            Sampling(max_tokens=1 + i * new_tokens // self.batch, temperature=0) for i in range(self.batch)
+        ]
         window = Window()
         started = time.perf_counter()
         until = started + seconds
         while time.perf_counter() < until:
             prompts = [PROMPTS[(self.made + i) % len(PROMPTS)] for i in range(self.decoder.free)]
             self.made += len(prompts)
+            lengths = [spread.pop() if spread else greedy for _ in prompts]
             self.decoder.admit(
-                [Sequence(self.served.encode(p), greedy, self.served.tokenizer) for p in prompts]
+                [
+                    Sequence(self.served.encode(p), n, self.served.tokenizer)
+                    for p, n in zip(prompts, lengths, strict=True)
+                ]
             )
             report = self.decoder.step()
             window.tokens += report.tokens
-            window.prefill_seconds += report.prefill_seconds
-            window.decode_seconds += report.decode_seconds
-            window.decode_steps += report.decoded > 0
-            window.prefill_tokens += report.prefill_tokens
+            window.prompt_tokens += report.prefill_tokens
+            if report.prefill_tokens:
+                window.joined_seconds += report.decode_seconds + report.prefill_seconds
+                window.joined_passes += 1
+            else:
+                window.decoding_seconds += report.decode_seconds
+                window.decoding_passes += 1
         window.seconds = time.perf_counter() - started
         return window
 
@@ -343,18 +361,19 @@ class Ceiling:
 
 
 def describe(windows: list[Window], batch: int, new_tokens: int) -> str:
-    """The ceiling's line: the median of the last three windows, their spread, prefill and decode apart."""
+    """The ceiling's line: the median of the last three windows, their spread, and the passes that
+    decoded alone apart from those that took prompts in."""
     rates = [w.tokens_per_second for w in windows[-3:]]
     rate = statistics.median(rates)
-    steps = sum(w.decode_steps for w in windows)
-    decode = sum(w.decode_seconds for w in windows)
-    prefill = sum(w.prefill_seconds for w in windows)
-    prompt = sum(w.prefill_tokens for w in windows)
+    alone = sum(w.decoding_seconds for w in windows) / max(1, sum(w.decoding_passes for w in windows))
+    joined_passes = max(1, sum(w.joined_passes for w in windows))
+    joined = sum(w.joined_seconds for w in windows) / joined_passes
+    prompts = sum(w.prompt_tokens for w in windows) / joined_passes
     return (
         f"ceiling, {new_tokens} new tokens, {batch} sequences: {rate:,.0f} tokens/s (median of the last 3 of "
-        f"{len(windows)} windows, spread {(max(rates) - min(rates)) / rate:.1%}); decode "
-        f"{1000 * decode / max(1, steps):.2f} ms a step, prefill {prompt / prefill if prefill else 0:,.0f} "
-        f"prompt tokens/s, {prefill / (prefill + decode):.0%} of the model's time"
+        f"{len(windows)} windows, spread {(max(rates) - min(rates)) / rate:.1%}); a pass decoding alone "
+        f"{1000 * alone:.2f} ms, one taking prompts in {1000 * joined:.2f} ms ({prompts:.0f} prompt tokens "
+        f"a pass on average)"
     )
 
 
@@ -452,9 +471,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", default="20,200")
     parser.add_argument("--seconds", type=float, default=12.0, help="measured seconds a row, over its rounds")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="a row's stretches, each after a ceiling window"
+        "--rounds", type=int, default=8, help="a row's stretches, each after a ceiling window"
     )
-    parser.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each round counts")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each round counts")
     parser.add_argument("--client-processes", type=int, default=2)
     parser.add_argument("--ceiling-batch", type=int, default=32)
     parser.add_argument("--long-prompt", type=int, default=0, help="tokens of the long-prompt case (0: none)")
@@ -472,10 +491,12 @@ def main() -> None:
         for new_tokens in lengths:
             alone.window(new_tokens, 1.0)  # warm again after the server's start
             for clients in (int(c) for c in args.clients.split(",")):
+                best = max((r.tokens_per_second for r in rows if r.new_tokens == new_tokens), default=0.0)
+                cycle = clients * new_tokens / best if best else 0.0  # every client answered once
                 rounds = []
                 for _ in range(args.rounds):
-                    ceiling = alone.window(new_tokens, 2.0).tokens_per_second
-                    rounds.append(measure_round(url, server, clients, new_tokens, ceiling, args))
+                    ceiling = alone.window(new_tokens, args.seconds / args.rounds).tokens_per_second
+                    rounds.append(measure_round(url, server, clients, new_tokens, ceiling, args, cycle))
                 rows.append(Row(clients, new_tokens, rounds))
                 done = {
                     "clients": clients,
@@ -488,10 +509,10 @@ def main() -> None:
     for row in rows:
         one = next(r for r in rows if r.new_tokens == row.new_tokens).tokens_per_second
         print("| " + " | ".join(row.cells(one)) + " |")
-    for new_tokens in lengths:
+    for new_tokens in lengths:  # by their shares of the ceiling: each paired with its own windows
         same = [r for r in rows if r.new_tokens == new_tokens]
-        best = max(r.tokens_per_second for r in same)
-        crowd = [f"{r.clients}: {r.tokens_per_second / best:.0%}" for r in same if r.clients > 64]
+        best = max(statistics.median(r.of_ceiling) for r in same)
+        crowd = [f"{r.clients}: {statistics.median(r.of_ceiling) / best:.0%}" for r in same if r.clients > 64]
         if crowd:
             print(
                 f"{new_tokens} new tokens, the crowds past the batch against the best row: {', '.join(crowd)}"

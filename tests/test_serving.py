@@ -157,6 +157,31 @@ def test_a_long_prompt_goes_in_by_chunks_while_the_batch_decodes_each_step(model
     assert [s.generated for s in decoding] == [sample(served.model, ids, 20, temperature=0) for ids in short]
 
 
+def test_every_row_in_use_a_long_prompt_done_swaps_rows_with_a_prompt_still_waiting(
+    model_folder: Path,
+) -> None:
+    """Three rows, all held: a row freed by a one-token answer goes to a newcomer while a long prompt is
+    still going in; when that one is in, it takes the first row past the decoding ones by swapping with
+    the newcomer. Everyone decodes what `sample` decodes alone."""
+    served = load_served(model_files_at(model_folder), "tiny")
+    ids = served.encode("".join(PROMPTS))
+
+    def sequence(start: int, size: int, new: int) -> Sequence:
+        return Sequence(ids[start : start + size], Sampling(max_tokens=new, temperature=0), served.tokenizer)
+
+    short, long, waiting = sequence(0, 3, 1), sequence(3, 20, 5), sequence(23, 2, 5)
+    decoder = BatchDecoder(served.model, 3, step_tokens=8)
+    decoder.admit([short, long, waiting])
+    decoder.step()
+    assert short.finish_reason == "length" and decoder.free == 1
+    newcomer = sequence(25, 3, 5)
+    decoder.admit([newcomer])
+    while decoder.sequences:
+        decoder.step()
+    for done in (long, waiting, newcomer):
+        assert done.generated == sample(served.model, done.prompt_ids, 5, temperature=0)
+
+
 def test_a_crowd_waits_in_order_and_none_is_refused_below_the_queue_limit(model_folder: Path) -> None:
     """Two rows, eight places in the queue: ten sequences are taken, the eleventh refused; they start
     in the order they came, two at a time."""
@@ -252,7 +277,7 @@ def test_concurrent_requests_share_decode_steps_and_get_what_they_get_alone(mode
     together, step by step, and each gets what it got alone."""
     with serving(model_folder) as running:
         alone = [complete(running.url, prompt=p, max_tokens=16, temperature=0).json() for p in PROMPTS[:16]]
-        before, prefills = decode_steps(running), prefill_calls(running)
+        before, prefills = decode_steps(running), prefill_figures(running)
         scheduler = running.server.scheduler
         with ThreadPoolExecutor(16) as pool:
             with scheduler.held():
@@ -266,7 +291,10 @@ def test_concurrent_requests_share_decode_steps_and_get_what_they_get_alone(mode
             after - earlier for after, earlier in zip(decode_steps(running), before, strict=True)
         )
         metrics = httpx.get(f"{running.url}/metrics").text
-        assert prefill_calls(running) - prefills == 1, "the 16 prompts went in together, in one prefill"
+        prompt_tokens = sum(len(running.server.model.encode(p)) for p in PROMPTS[:16])
+        assert (prefill_figures(running) - prefills).tolist() == [prompt_tokens, 0], (
+            "packed, no pass of their own"
+        )
     assert [a["choices"] for a in together] == [a["choices"] for a in alone]
     # a prompt's prefill gives its first token; each of the 15 steps after decodes all 16 together
     assert (steps, batched) == (15, 15 * 16)
@@ -278,8 +306,11 @@ def figures(metrics: str) -> dict[str, str]:
     return dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
 
 
-def prefill_calls(running: Running) -> float:
-    return float(figures(httpx.get(f"{running.url}/metrics").text)["gptpipe_prefill_seconds_count"])
+def prefill_figures(running: Running) -> torch.Tensor:
+    """Prompt tokens run so far, and the passes of their own prompts needed (a long one's chunks)."""
+    counted = figures(httpx.get(f"{running.url}/metrics").text)
+    names = ("gptpipe_prefilled_tokens_total", "gptpipe_prefill_seconds_count")
+    return torch.tensor([float(counted[name]) for name in names])
 
 
 def decode_steps(running: Running) -> tuple[float, float]:

@@ -59,12 +59,12 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # rotated before the cache stores the keys: each at its own position
             q, k = rotate(q, *rope), rotate(k, *rope)
-        mask, causal = None, True
-        if cache is not None:  # the keys and values of every position so far, and who sees which
-            k, v, mask, causal = cache.attend(k, v)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
-        )
+        if cache is not None:  # stores this call's keys and values; each query sees what it may
+            y = cache.attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            )
         y = y.transpose(1, 2).contiguous().view(batch, length, width)
         return self.resid_dropout(self.c_proj(y))
 

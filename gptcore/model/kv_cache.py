@@ -3,8 +3,8 @@ costs one position's forward pass instead of the whole context's.
 
 What the model asks of a cache (this one, or `gptcore.model.slot_cache.SlotCache`, many sequences at
 their own positions): `check_room(n)`, `positions(n, device)` of the new tokens, each layer's
-`attend(keys, values)` (every key and value the new queries see, their mask, whether it is plainly
-causal), `advance(n)` once every layer has stored the step, and `last_positions(x)`, the hidden states
+`attention(q, k, v)` (stores the new keys and values; the new queries' attention over every key they
+may see), `advance(n)` once every layer has stored the step, and `last_positions(x)`, the hidden states
 whose logits are wanted.
 
 The cache holds at most `block_size` positions, the model's window. Positions are absolute (the `wpe`
@@ -15,6 +15,7 @@ one from the context's last tokens (see `gptcore.generate.sample`).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 class LayerCache:
@@ -46,6 +47,11 @@ class LayerCache:
         cached = self.owner.length
         keys, values = self.store(keys, values)
         return keys, values, attention_mask(keys.shape[2] - cached, cached, keys.device), cached == 0
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the step's keys and values; its queries' attention over every key so far."""
+        keys, values, mask, causal = self.attend(k, v)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal)
 
 
 class KVCache:

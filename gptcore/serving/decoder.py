@@ -1,14 +1,15 @@
 """Continuous batching: sequences join the running batch between steps and leave when they end.
 
-`admit` gives new sequences a row of the slot cache each; `step` runs one step: one token of every
-decoding sequence through the model together, then prompt tokens of the admitted sequences, oldest first,
-within the step's token budget (`step_tokens`): several short prompts at once (right-padded to the
-longest), or the next chunk of a long one. A sequence whose prompt is in takes its first token from the
-prefill and decodes from the next step on; so a long prompt arriving among decoding sequences delays
-their next token by at most one budget of prefill, never by its whole length. A sequence whose window is
-full starts its row again from the last three quarters of its context, as `gptcore.generate.sample`
-does. A finished, cancelled or expired sequence frees its row for the next (`drop`). Everything here runs
-on one thread, the decode loop's (`gptcore.serving.scheduler`).
+`admit` gives new sequences a row of the slot cache each; `step` runs one pass through the model: the
+newest token of every decoding sequence, and packed after them the whole prompts of the admitted
+sequences that fit the rest of the step's token budget (`step_tokens`), oldest first, so a short
+prompt costs its own tokens' arithmetic and nothing more. A prompt too long for the budget goes in by
+chunks, one a step in a pass of its own, so a long prompt arriving among decoding sequences delays their
+next token by at most one budget of prefill, never by its whole length. A sequence whose prompt is in
+takes its first token from that pass and decodes from the next step on. A sequence whose window is full
+starts its row again from the last three quarters of its context, as `gptcore.generate.sample` does. A
+finished, cancelled or expired sequence frees its row for the next (`drop`). Everything here runs on one
+thread, the decode loop's (`gptcore.serving.scheduler`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class StepReport:
     """What one step did: the decode pass over the running batch, the prefill after it."""
 
     decoded: int  # sequences that took a token from the decode pass (the step's batch)
-    decode_seconds: float
-    prefill_tokens: int  # prompt tokens run through the model (padding not counted)
-    prefill_seconds: float
+    decode_seconds: float  # the step's pass: the decoding rows and the whole prompts packed with them
+    prefill_tokens: int  # prompt tokens run through the model (packed or in a chunk)
+    prefill_seconds: float  # a long prompt's chunk, in a pass of its own
     first_tokens: int  # sequences whose prompt was all in: each took its first token
 
     @property
@@ -81,15 +82,26 @@ class BatchDecoder:
 
     @torch.no_grad()
     def step(self) -> StepReport:
-        """One token of every decoding sequence, then prompt tokens within the rest of the budget."""
-        started = time.perf_counter()
-        decoded = self._decode()
-        decode_seconds = time.perf_counter() - started
-        started = time.perf_counter()
-        prompt_tokens, first_tokens = self._prefill_within(self.step_tokens - decoded)
-        prefill_seconds = time.perf_counter() - started if prompt_tokens else 0.0
+        """One token of every decoding sequence, with the whole prompts that fit the rest of the budget
+        packed into the same pass; else the next chunk of a prompt too long for it."""
+        for sequence in [s for s in self.prefilling if s.cancelled]:
+            sequence.finish("cancelled")  # its client left while it waited for its prompt
         self.drop_finished()
-        return StepReport(decoded, decode_seconds, prompt_tokens, prefill_seconds, first_tokens)
+        budget = self.step_tokens - len(self.running)
+        whole = self._whole_prompts(budget)
+        started = time.perf_counter()
+        decoded = len(self.running)
+        if self.running or whole:
+            self._pass(whole)
+        pass_seconds = time.perf_counter() - started
+        prompt_tokens = sum(s.cached for s in whole)
+        chunk_tokens, chunk_seconds, first_tokens = 0, 0.0, len(whole)
+        if not whole and self.prefilling and budget > 0:
+            started = time.perf_counter()
+            chunk_tokens, finished = self._chunk(budget)
+            chunk_seconds, first_tokens = time.perf_counter() - started, int(finished)
+        self.drop_finished()
+        return StepReport(decoded, pass_seconds, prompt_tokens + chunk_tokens, chunk_seconds, first_tokens)
 
     def drop(self, sequence: Sequence, reason: FinishReason) -> None:
         """End a sequence (its client left, its deadline passed) and free its row."""
@@ -110,93 +122,80 @@ class BatchDecoder:
                 self.running.pop()
                 self._free_rows.append(last)
 
-    # --- decode -------------------------------------------------------------------------------------
+    # --- the step's passes --------------------------------------------------------------------------
 
-    def _decode(self) -> int:
-        """One new token of every decoding sequence, together; how many there were."""
-        if not self.running:
-            return 0
+    def _pass(self, whole: list[Sequence]) -> None:
+        """One token of every decoding sequence and the `whole` prompts, in one forward pass: each takes
+        its next (or first) token."""
         for row, sequence in enumerate(self.running):
             if sequence.cached == self.window:  # the window is full: again from the context's last tokens
                 keep = max(2, int(self.window * REFILL_KEEP))
                 self._forward([row], 0, [sequence.context[-keep:-1]])  # the newest token is decoded below
                 sequence.cached = keep - 1
-        tokens = torch.tensor([[s.context[-1]] for s in self.running], dtype=torch.long, device=self.device)
-        longest = max(sequence.cached for sequence in self.running)
-        logits, _ = self.model(tokens, cache=self.cache.decode(len(self.running), longest))
-        logits = logits[:, -1, :].float()
+        running, prompts = list(self.running), [self._prompt(sequence) for sequence in whole]
+        longest = max((sequence.cached for sequence in running), default=0)
+        newest = [sequence.context[-1] for sequence in running]
+        if prompts:  # one packed row: the decoding rows' tokens, then every prompt's
+            tokens = torch.tensor([newest + [t for p in prompts for t in p]], device=self.device)
+            packed = [(self._rows[id(s)], len(p)) for s, p in zip(whole, prompts, strict=True)]
+            logits = self.model(tokens, cache=self.cache.decode(len(running), longest, packed))[0][0]
+        else:
+            tokens = torch.tensor([[token] for token in newest], device=self.device)
+            logits = self.model(tokens, cache=self.cache.decode(len(running), longest))[0][:, -1]
+        logits = logits.float()
         greedy = logits.argmax(dim=-1).tolist()  # one call for every greedy row
-        for row, sequence in enumerate(self.running):
+        for index, sequence in enumerate(running):
             sequence.cached += 1
-            self._take(sequence, logits[row : row + 1], greedy[row])
-        return len(self.running)
+            self._take(sequence, logits[index : index + 1], greedy[index])
+        for sequence, prompt in zip(whole, prompts, strict=True):
+            sequence.cached = len(prompt)
+        self._started(whole, logits[len(running) :], greedy[len(running) :])
 
-    # --- prefill ------------------------------------------------------------------------------------
-
-    def _prefill_within(self, budget: int) -> tuple[int, int]:
-        """Prompt tokens of the oldest admitted sequences, `budget` at most (padding counted): the
-        prompts that fit whole together, else the next chunk of the oldest. Prompt tokens run, and how
-        many sequences took their first token."""
-        for sequence in [s for s in self.prefilling if s.cancelled]:
-            sequence.finish("cancelled")  # its client left while it waited for its prompt
-        self.drop_finished()
-        if not self.prefilling or budget <= 0:
-            return 0, 0
-        whole = self._whole_prompts(budget)
-        if whole:
-            prompts = [self._prompt(sequence) for sequence in whole]
-            logits = self._forward([self._rows[id(s)] for s in whole], 0, prompts)
-            for sequence, prompt in zip(whole, prompts, strict=True):
-                sequence.cached = len(prompt)
-            self._started(whole, logits)
-            return sum(len(prompt) for prompt in prompts), len(whole)
-        oldest = self.prefilling[0]  # a prompt longer than the budget: its next chunk, alone
+    def _chunk(self, budget: int) -> tuple[int, bool]:
+        """The next `budget` tokens of the oldest prompt, alone: its tokens run, and whether it is in."""
+        oldest = self.prefilling[0]
         prompt = self._prompt(oldest)
         chunk = prompt[oldest.cached : oldest.cached + budget]
         logits = self._forward([self._rows[id(oldest)]], oldest.cached, [chunk])
         oldest.cached += len(chunk)
         if oldest.cached < len(prompt):
-            return len(chunk), 0
-        self._started([oldest], logits)
-        return len(chunk), 1
+            return len(chunk), False
+        self._started([oldest], logits, [int(logits.argmax(dim=-1))])
+        return len(chunk), True
+
+    # --- prompts -----------------------------------------------------------------------------------
 
     def _whole_prompts(self, budget: int) -> list[Sequence]:
-        """The oldest prompts not yet begun that fit the budget together, padded to the longest."""
+        """The oldest prompts not yet begun whose tokens fit the budget together."""
         chosen: list[Sequence] = []
-        longest = 0
         for sequence in self.prefilling:
             size = len(self._prompt(sequence))
-            if sequence.cached or (len(chosen) + 1) * max(longest, size) > budget:
+            if sequence.cached or size > budget:
                 break
             chosen.append(sequence)
-            longest = max(longest, size)
+            budget -= size
         return chosen
 
     def _prompt(self, sequence: Sequence) -> list[int]:
         return sequence.context[-self.window :]
 
-    def _started(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
-        """Prompts all in: each sequence takes its first token and joins the decoding rows."""
+    def _started(self, sequences: list[Sequence], logits: torch.Tensor, greedy: list[int]) -> None:
+        """Prompts all in: each sequence takes its first token and joins the decoding rows, which stay
+        `0..running-1`: it takes row `running`, and whatever held that row takes its old one."""
         for index, sequence in enumerate(sequences):
             self.prefilling.remove(sequence)
             row, target = self._rows.pop(id(sequence)), len(self.running)
-            if row != target:  # the decoding rows stay 0..running-1: take the next one
-                self._make_room(target)
-                self.cache.move(row, target, sequence.cached)
-                self._free_rows.append(row)
+            if row != target:
+                occupant = next((s for s in self.prefilling if self._rows[id(s)] == target), None)
+                if occupant is None:  # the target row is free
+                    self._free_rows.remove(target)
+                    self.cache.move(row, target, sequence.cached)
+                    self._free_rows.append(row)
+                else:  # a prompt still going in holds it: the two swap rows
+                    self.cache.swap(row, target, sequence.cached, occupant.cached)
+                    self._rows[id(occupant)] = row
             self.running.append(sequence)
-            self._take(sequence, logits[index : index + 1])
-
-    def _make_room(self, target: int) -> None:
-        """Row `target` free for a sequence joining the decoding rows: a prefilling sequence there moves."""
-        if target in self._free_rows:
-            self._free_rows.remove(target)
-            return
-        occupant = next(s for s in self.prefilling if self._rows[id(s)] == target)
-        row = min(self._free_rows)
-        self._free_rows.remove(row)
-        self.cache.move(target, row, occupant.cached)
-        self._rows[id(occupant)] = row
+            self._take(sequence, logits[index : index + 1], greedy[index])
 
     def _forward(self, rows: list[int], start: int, prompts: list[list[int]]) -> torch.Tensor:
         """The prompts' tokens from `start` into their rows, right-padded; each row's last logits."""

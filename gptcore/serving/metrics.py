@@ -33,10 +33,13 @@ class ServerMetrics:
             "gptpipe_decode_step_batch_size", "sequences each decode step ran", buckets=BATCH_BUCKETS, **on
         )
         self.step_seconds = Histogram(
-            "gptpipe_decode_step_seconds", "seconds of each step's decode pass", buckets=LATENCY_BUCKETS, **on
+            "gptpipe_decode_step_seconds",
+            "seconds of each step's pass (its decoding rows and the prompts packed with them)",
+            buckets=LATENCY_BUCKETS,
+            **on,
         )
         self.prefill_seconds = Histogram(
-            "gptpipe_prefill_seconds", "seconds of each step's prefill (prompts, or a long one's chunk)",
+            "gptpipe_prefill_seconds", "seconds of each chunk of a long prompt, in a pass of its own",
             buckets=LATENCY_BUCKETS, **on,
         )  # fmt: skip
         self.prefill_tokens = Counter("gptpipe_prefilled_tokens", "prompt tokens run through the model", **on)
@@ -55,9 +58,9 @@ class ServerMetrics:
         if report.decoded:
             self.step_batch.observe(report.decoded)
             self.step_seconds.observe(report.decode_seconds)
-        if report.prefill_tokens:
+        self.prefill_tokens.inc(report.prefill_tokens)
+        if report.prefill_seconds:  # a long prompt's chunk, in a pass of its own
             self.prefill_seconds.observe(report.prefill_seconds)
-            self.prefill_tokens.inc(report.prefill_tokens)
 
     def sequence_ended(self, sequence: Sequence) -> None:
         self.prompt_tokens.inc(len(sequence.prompt_ids))
