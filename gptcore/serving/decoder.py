@@ -28,7 +28,8 @@ from gptcore.serving.sequence import FinishReason, Sequence
 
 @dataclass(frozen=True)
 class StepReport:
-    """What one step did: the decode pass over the running batch, the prefill after it."""
+    """What one step did: its pass (the decoding rows and the prompts packed with them), and a long
+    prompt's chunk in a pass of its own."""
 
     decoded: int  # sequences that took a token from the decode pass (the step's batch)
     decode_seconds: float  # the step's pass: the decoding rows and the whole prompts packed with them
