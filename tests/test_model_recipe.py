@@ -142,7 +142,7 @@ def test_slot_cache_decodes_each_row_at_its_own_position_as_the_full_forward(opt
     with torch.no_grad():
         wholes = [model(s[None], targets=s[None])[0][0] for s in sequences]
         for row, (sequence, length) in enumerate(zip(sequences, prompts, strict=True)):
-            logits = model(sequence[None, :length], cache=cache.prefill([row]))[0]
+            logits = model(sequence[None, :length], cache=cache.prefill(row))[0]
             torch.testing.assert_close(logits[0, -1], wholes[row][length - 1], rtol=1e-5, atol=1e-5)
         lengths = list(prompts)
         while max(lengths) < 16:

@@ -11,7 +11,7 @@ New prompts ride along with a decode step (`decode(running, longest, prompts)`):
 after the decoding rows' one token each, in one row of the model's input, so the step's matrix products
 run once for all of them; inside attention the decoding tokens see their rows' keys, and each prompt's
 tokens see that prompt's tokens up to themselves (a block-diagonal causal mask), their keys stored in
-the prompt's row. A prompt too long for one step enters by chunks (`prefill(rows, start, lengths)`): its
+the prompt's row. A prompt too long for one step enters by chunks (`prefill(row, start)`): its
 next chunk from `start`, its queries seeing the row's keys so far and the chunk up to themselves.
 """
 
@@ -42,8 +42,8 @@ class SlotLayer:
             # left in uninitialized memory is NaN), so they must hold numbers.
             self.keys, self.values = k.new_zeros(shape), v.new_zeros(shape)
         owner = self.owner
-        if owner.prefill_rows is not None:
-            return self._prefill(q, k, v)
+        if owner.prefill_row is not None:
+            return self._prefill(q, k, v, owner.prefill_row)
         if owner.prompt_rows is None:  # decoding alone: `(running, heads, 1, head_dim)`, a row each
             return self._decode(q, k, v)
         decoding = owner.running  # packed: `(1, heads, running + prompt tokens, head_dim)`
@@ -66,22 +66,22 @@ class SlotLayer:
         keys, values = self.keys[: owner.running, :, :span], self.values[: owner.running, :, :span]
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=owner.mask)
 
-    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        owner = self.owner
-        rows, start, end = owner.prefill_rows, owner.start, owner.start + k.shape[2]
-        self.keys[rows, :, start:end] = k
-        self.values[rows, :, start:end] = v
-        if start == 0:  # whole prompts from position 0: plainly causal over their own keys
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row: int) -> torch.Tensor:
+        start = self.owner.start
+        end = start + k.shape[2]
+        self.keys[row : row + 1, :, start:end] = k
+        self.values[row : row + 1, :, start:end] = v
+        if start == 0:  # a prompt from position 0: plainly causal over its own keys
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         mask = attention_mask(k.shape[2], start, k.device)  # a chunk after the cached ones
-        keys, values = self.keys[rows, :, :end], self.values[rows, :, :end]
+        keys, values = self.keys[row : row + 1, :, :end], self.values[row : row + 1, :, :end]
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
 
 class SlotCache:
     """Every layer's slots and each slot's length. `decode(running, longest, prompts)` and
-    `prefill(rows, start, lengths)` say what the model's next call holds: one token of each of the first
-    `running` rows and whole new prompts packed after them, or prompts' tokens from `start` in `rows`."""
+    `prefill(row, start)` say what the model's next call holds: one token of each of the first
+    `running` rows and whole new prompts packed after them, or one prompt's tokens from `start` in `row`."""
 
     def __init__(self, n_layer: int, block_size: int, slots: int, device: torch.device | str = "cpu") -> None:
         self.block_size, self.slots = block_size, slots
@@ -89,10 +89,9 @@ class SlotCache:
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
         self.layers = [SlotLayer(self) for _ in range(n_layer)]
         self._every_row = torch.arange(slots, device=device)
-        # a prefill: the rows it writes (None otherwise), where its tokens begin, each row's real tokens
-        self.prefill_rows: torch.Tensor | None = None
+        # a prefill: the row it writes (None otherwise), where its tokens begin
+        self.prefill_row: int | None = None
         self.start = 0
-        self.ends: torch.Tensor | None = None
         # a decode step: its rows, their positions and mask; prompts packed after them (None: none)
         self.running = 0
         self.longest = 0  # the longest running row's length, known without asking the device
@@ -106,19 +105,16 @@ class SlotCache:
         self.last = self.lengths[:0]  # the packed call's positions whose logits are wanted
         self._prompt_starts = (self.lengths[:0], self.lengths[:0])  # each packed prompt's row and size
 
-    def prefill(self, rows: list[int], start: int = 0, lengths: list[int] | None = None) -> SlotCache:
-        """The next call holds `rows`' prompts from position `start`, right-padded: `lengths[i]` real
-        tokens in row `rows[i]` (all of the call's tokens when not given)."""
-        self.prefill_rows = torch.tensor(rows, device=self.device)
-        self.start = start
-        self.ends = None if lengths is None else torch.tensor(lengths, device=self.device)
+    def prefill(self, row: int, start: int = 0) -> SlotCache:
+        """The next call holds one prompt's tokens (a batch of one), from position `start` in `row`."""
+        self.prefill_row, self.start = row, start
         return self
 
     def decode(self, running: int, longest: int, prompts: list[tuple[int, int]] | None = None) -> SlotCache:
         """The next call holds one token of each of the first `running` rows (`longest` is the longest of
         their lengths), then, packed after them, each of `prompts` (row, tokens) whole from position 0.
         What every layer needs is worked out here, once for the step."""
-        self.prefill_rows, self.running, self.longest = None, running, longest
+        self.prefill_row, self.running, self.longest = None, running, longest
         self.decode_rows, self.at = self._every_row[:running], self.lengths[:running]
         visible = torch.arange(longest + 1, device=self.device)[None, :] <= self.at[:, None]  # own keys
         self.mask = visible[:, None, None, :]
@@ -141,7 +137,7 @@ class SlotCache:
     # --- what the model asks of a cache (gptcore.model.kv_cache) ------------------------------------
 
     def check_room(self, new_positions: int) -> None:
-        if self.prefill_rows is not None:
+        if self.prefill_row is not None:
             full = self.start + new_positions
         else:
             full = max([self.longest + 1, *(size for _, size in self.prompt_lengths)])
@@ -149,16 +145,15 @@ class SlotCache:
             raise ValueError(f"slot cache: {full} positions exceed block_size {self.block_size}")
 
     def positions(self, new_positions: int, device: torch.device) -> torch.Tensor:
-        if self.prefill_rows is not None:
+        if self.prefill_row is not None:
             return torch.arange(self.start, self.start + new_positions, device=device)
         if self.prompt_rows is not None:  # one packed row: each token's own position
             return torch.cat([self.at, self.prompt_positions])
         return self.at[:, None]  # (running, 1): each row's next position
 
     def advance(self, new_positions: int) -> None:
-        if self.prefill_rows is not None:
-            real = self.ends if self.ends is not None else new_positions
-            self.lengths[self.prefill_rows] = self.start + real
+        if self.prefill_row is not None:
+            self.lengths[self.prefill_row] = self.start + new_positions
             return
         self.lengths[: self.running] += 1
         if self.prompt_rows is not None:
@@ -167,13 +162,10 @@ class SlotCache:
 
     def last_positions(self, x: torch.Tensor) -> torch.Tensor:
         """Of the call's hidden states, the ones whose logits are wanted: each decoding row's and each
-        packed prompt's last token (`(1, running + prompts, width)`), or each prefilled row's last real
-        position."""
-        if self.prefill_rows is None:
-            return x[:, self.last, :] if self.prompt_rows is not None else x[:, -1:, :]
-        if self.ends is None:
-            return x[:, -1:, :]
-        return x[torch.arange(x.shape[0], device=x.device), self.ends - 1][:, None, :]
+        packed prompt's last token (`(1, running + prompts, width)`), else each row's last position."""
+        if self.prefill_row is None and self.prompt_rows is not None:
+            return x[:, self.last, :]
+        return x[:, -1:, :]
 
     # --- rows ---------------------------------------------------------------------------------------
 

@@ -85,9 +85,6 @@ class BatchDecoder:
     def step(self) -> StepReport:
         """One token of every decoding sequence, with the whole prompts that fit the rest of the budget
         packed into the same pass; else the next chunk of a prompt too long for it."""
-        for sequence in [s for s in self.prefilling if s.cancelled]:
-            sequence.finish("cancelled")  # its client left while it waited for its prompt
-        self.drop_finished()
         budget = self.step_tokens - len(self.running)
         whole = self._whole_prompts(budget)
         started = time.perf_counter()
@@ -131,7 +128,7 @@ class BatchDecoder:
         for row, sequence in enumerate(self.running):
             if sequence.cached == self.window:  # the window is full: again from the context's last tokens
                 keep = max(2, int(self.window * REFILL_KEEP))
-                self._forward([row], 0, [sequence.context[-keep:-1]])  # the newest token is decoded below
+                self._forward(row, 0, sequence.context[-keep:-1])  # the newest token is decoded below
                 sequence.cached = keep - 1
         running, prompts = list(self.running), [self._prompt(sequence) for sequence in whole]
         longest = max((sequence.cached for sequence in running), default=0)
@@ -157,7 +154,7 @@ class BatchDecoder:
         oldest = self.prefilling[0]
         prompt = self._prompt(oldest)
         chunk = prompt[oldest.cached : oldest.cached + budget]
-        logits = self._forward([self._rows[id(oldest)]], oldest.cached, [chunk])
+        logits = self._forward(self._rows[id(oldest)], oldest.cached, chunk)
         oldest.cached += len(chunk)
         if oldest.cached < len(prompt):
             return len(chunk), False
@@ -198,13 +195,10 @@ class BatchDecoder:
             self.running.append(sequence)
             self._take(sequence, logits[index : index + 1], greedy[index])
 
-    def _forward(self, rows: list[int], start: int, prompts: list[list[int]]) -> torch.Tensor:
-        """The prompts' tokens from `start` into their rows, right-padded; each row's last logits."""
-        longest = max(len(prompt) for prompt in prompts)
-        padded = [prompt + [0] * (longest - len(prompt)) for prompt in prompts]
-        tokens = torch.tensor(padded, dtype=torch.long, device=self.device)
-        lengths = [len(prompt) for prompt in prompts]
-        logits, _ = self.model(tokens, cache=self.cache.prefill(rows, start, lengths))
+    def _forward(self, row: int, start: int, ids: list[int]) -> torch.Tensor:
+        """The tokens `ids` from position `start` into `row`, in a pass of their own; their last logits."""
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        logits, _ = self.model(tokens, cache=self.cache.prefill(row, start))
         return logits[:, -1, :].float()
 
     def _take(self, sequence: Sequence, logits: torch.Tensor, greedy: int | None = None) -> None:
