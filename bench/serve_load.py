@@ -12,7 +12,9 @@ and tokens/s (the server's own count of the tokens it made in the window), the s
 (median and spread of the rounds), p50 and p99 latency, the mean time to first token, the mean decode
 batch and the mean pass (the last three from the server's `/metrics`, as deltas), the requests refused
 (429), and the CPU the clients spent and the CPU spent by anything that is neither server nor clients
-nor this bench (read from /proc): a row beside other work says so.
+nor this bench (read from /proc): a row beside other work says so. A crowd (more clients than the
+server's `--max-batch`) is also set against the best row so far: each of its rounds comes right after a
+round of the best row's clients, and the crowd's line prints the median and spread of those pairs.
 
 The ceiling is the server's own decoder in this process with nothing else running: `--ceiling-batch`
 sequences decoding, each replaced as it ends. Before the rows it is measured over two-second windows
@@ -163,6 +165,7 @@ class Round:
     ceiling: float  # tokens/s of the decoder alone, the window just before
     client_cpu: float  # cores the client processes kept busy
     other_cpu: float  # cores anything else kept busy
+    reference: float = float("nan")  # a crowd's: tokens/s of the best row's clients, the round just before
 
     @property
     def tokens_per_second(self) -> float:
@@ -176,6 +179,7 @@ class Row:
     clients: int
     new_tokens: int
     rounds: list[Round]
+    against: int = 0  # a crowd's: the clients of the best row before it, measured again beside it
 
     def total(self, name: str) -> float:
         return sum(r.figures.get(name, 0.0) for r in self.rounds)
@@ -196,6 +200,12 @@ class Row:
     def of_ceiling(self) -> list[float]:
         """Each round's tokens/s over the decoder alone in the window just before it."""
         return sorted(r.tokens_per_second / r.ceiling for r in self.rounds)
+
+    @property
+    def of_best(self) -> list[float]:
+        """A crowd's rounds over the best row's clients measured in the round just before each: the
+        crowd set against the best row on the same seconds of the same machine."""
+        return sorted(r.tokens_per_second / r.reference for r in self.rounds)
 
     def percentile(self, share: float) -> float:
         latencies = sorted(x for r in self.rounds for m in r.measured for x in m.latencies)
@@ -456,6 +466,15 @@ def local_model(model: str, scratch: Path) -> str:
     return str(files.weights.parent)
 
 
+def max_batch(server_args: list[str]) -> int:
+    """The server's `--max-batch`: a row with more clients than this is a crowd (some of it queued)."""
+    from gptcore.serving.config import ServeConfig
+
+    if "--max-batch" in server_args:
+        return int(server_args[server_args.index("--max-batch") + 1])
+    return ServeConfig.model_fields["max_batch"].default
+
+
 def machine() -> str:
     model = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -487,17 +506,28 @@ def main() -> None:
     for new_tokens in lengths:
         print(describe(alone.steady(new_tokens), args.ceiling_batch, new_tokens), flush=True)
     rows: list[Row] = []
+    batch = max_batch(args.server_args.split())
     with running_server(model, args.server_args.split()) as (url, server):
         for new_tokens in lengths:
             alone.window(new_tokens, 1.0)  # warm again after the server's start
             for clients in (int(c) for c in args.clients.split(",")):
-                best = max((r.tokens_per_second for r in rows if r.new_tokens == new_tokens), default=0.0)
-                cycle = clients * new_tokens / best if best else 0.0  # every client answered once
+                same = [r for r in rows if r.new_tokens == new_tokens]
+                best = max(same, key=lambda r: statistics.median(r.of_ceiling), default=None)
+                rate = max((r.tokens_per_second for r in same), default=0.0)
+                cycle = clients * new_tokens / rate if rate else 0.0  # every client answered once
+                best_cycle = best.clients * new_tokens / rate if best else 0.0
                 rounds = []
                 for _ in range(args.rounds):
                     ceiling = alone.window(new_tokens, args.seconds / args.rounds).tokens_per_second
-                    rounds.append(measure_round(url, server, clients, new_tokens, ceiling, args, cycle))
-                rows.append(Row(clients, new_tokens, rounds))
+                    reference = float("nan")
+                    if clients > batch and best:  # a crowd: the best row's clients again, just before
+                        reference = measure_round(
+                            url, server, best.clients, new_tokens, ceiling, args, best_cycle
+                        ).tokens_per_second
+                    round_ = measure_round(url, server, clients, new_tokens, ceiling, args, cycle)
+                    round_.reference = reference
+                    rounds.append(round_)
+                rows.append(Row(clients, new_tokens, rounds, best.clients if clients > batch and best else 0))
                 done = {
                     "clients": clients,
                     "new_tokens": new_tokens,
@@ -509,13 +539,17 @@ def main() -> None:
     for row in rows:
         one = next(r for r in rows if r.new_tokens == row.new_tokens).tokens_per_second
         print("| " + " | ".join(row.cells(one)) + " |")
-    for new_tokens in lengths:  # by their shares of the ceiling: each paired with its own windows
-        same = [r for r in rows if r.new_tokens == new_tokens]
-        best = max(statistics.median(r.of_ceiling) for r in same)
-        crowd = [f"{r.clients}: {statistics.median(r.of_ceiling) / best:.0%}" for r in same if r.clients > 64]
-        if crowd:
+    for new_tokens in lengths:
+        crowds = [r for r in rows if r.new_tokens == new_tokens and r.against]
+        if crowds:
+            against = ", ".join(
+                f"{r.clients} against {r.against}: {statistics.median(r.of_best):.0%} "
+                f"({r.of_best[0]:.0%}-{r.of_best[-1]:.0%})"
+                for r in crowds
+            )
             print(
-                f"{new_tokens} new tokens, the crowds past the batch against the best row: {', '.join(crowd)}"
+                f"{new_tokens} new tokens, the crowds past --max-batch {batch} against the best row before "
+                f"them, measured again just before each crowd round (median, rounds): {against}"
             )
     shared = [r for r in rows if any(round_.other_cpu > 0.05 for round_ in r.rounds)]
     if shared:
