@@ -44,8 +44,9 @@ import torch
 from gptcore.data.synthetic import synthetic_stream
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
+from gptcore.model.size import FLOP_FORMULA, flops_per_token
 from gptcore.runtime.config import RuntimeConfig
-from gptcore.runtime.flops import FLOP_FORMULA, SQUARE, Shape, flops_per_token, model_matmul_shapes
+from gptcore.runtime.flops import SQUARE, Shape, model_matmul_shapes
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 from gptcore.train.job import TrainJob

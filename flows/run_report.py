@@ -64,7 +64,16 @@ class RunReport(BaseModel):
 # The figures a pipeline run is compared by, per stage: logged on the run itself and a sweep's columns.
 HEADLINE = {
     "evaluate": ("test_bits_per_byte", "test_perplexity"),
-    "full": ("final_val_loss", "tokens_per_second"),
+    # and what a scaling study reads of a run (flows.scale): its size, its tokens and its FLOPs
+    "full": (
+        "final_val_loss",
+        "tokens_per_second",
+        "parameter_count",
+        "non_embedding_parameter_count",
+        "tokens_seen",
+        "training_flops",
+        "tokens_per_step",
+    ),
     "finetune": ("final_val_loss", "tokens_per_second"),
     "before-after": ("base_test_bits_per_byte_after",),  # what a fine-tune forgot
 }

@@ -45,7 +45,6 @@ def sweep(
     given here; the data stages once, then each trial in its own process, `parallel` at a time, or as
     runs of a deployment on `work_pool` (`flows.sweep_pool`)."""
     from flows.environment.prefect_settings import hide_user_error_tracebacks
-    from flows.pipeline import end_to_end
     from tasks.params.loading import load_params
     from tasks.params.sweep import expand, validate_trials, with_options
 
@@ -59,17 +58,8 @@ def sweep(
     parent = run.run_id
     results = [TrialResult(trial) for trial in trials]
     try:
-        data_run = {"parent_run_id": parent, "name": "data", "kind": "sweep-data"}
-        data = end_to_end(params_path, base, until="device", trial=data_run)
-        if any(stage.state == "failed" for stage in RunReport.model_validate(data).stages):
-            raise RuntimeError("the data stages failed; no trial was started")
-        if work_pool:
-            from flows.sweep_pool import run_trials_on_pool
-
-            where = str(Path(params_path).resolve())  # the workers run from this checkout's folder
-            results = run_trials_on_pool(work_pool, where, base, trials, run)
-        else:
-            results = _run_trials(params_path, base, trials, parent, settings.parallel or _devices())
+        data_stages(params_path, base, parent)
+        results = run_trials(params_path, base, trials, run, settings.parallel, work_pool)
     finally:
         _close_sweep_run(run, results)
     failed = [result for result in results if result.state != "completed"]
@@ -81,6 +71,36 @@ def sweep(
     if failed:
         summary["failed"] = [result.trial.name for result in failed]
     return summary
+
+
+def data_stages(params_path: str, base: list[str], parent: str | None) -> RunReport:
+    """The data stages (up to the device check) once, as the child run `data` of `parent`: every trial
+    then takes them from the cache."""
+    from flows.pipeline import end_to_end
+
+    data_run = {"parent_run_id": parent, "name": "data", "kind": "sweep-data"}
+    report = RunReport.model_validate(end_to_end(params_path, base, until="device", trial=data_run))
+    if any(stage.state == "failed" for stage in report.stages):
+        raise RuntimeError("the data stages failed; no trial was started")
+    return report
+
+
+def run_trials(
+    params_path: str,
+    base: list[str],
+    trials: list[Trial],
+    run: ParentRun,
+    parallel: int | None = None,
+    work_pool: str | None = None,
+) -> list[TrialResult]:
+    """Every trial, each as `gptpipe run --until evaluate` and a child run of `run`: `parallel` at a
+    time here (default: one per device), or as runs of a deployment on `work_pool` (`flows.sweep_pool`)."""
+    if work_pool:
+        from flows.sweep_pool import run_trials_on_pool
+
+        where = str(Path(params_path).resolve())  # the workers run from this checkout's folder
+        return run_trials_on_pool(work_pool, where, base, trials, run)
+    return _run_trials(params_path, base, trials, run.run_id, parallel or _devices())
 
 
 def _devices() -> int:

@@ -19,6 +19,7 @@ from gptcore.data.tokenfile import TokenFileManifest, write_manifest
 from gptcore.errors import CheckpointError, ConfigError, TrainingError
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
+from gptcore.model.size import ModelSize
 from gptcore.runtime.config import DeviceDefaults, RuntimeConfig
 from gptcore.runtime.device import resolve_runtime
 from gptcore.train.callbacks import TrainingCallback
@@ -197,9 +198,23 @@ def test_max_tokens_sets_the_steps_from_the_global_batch() -> None:
     plan = StepPlan(batch_size=8, grad_accum_steps=2)
     examples = open_examples(TRAIN, TINY.block_size, TINY.vocab_size)
     section = TrainingConfig(max_tokens=10_000, epochs=3)
-    assert planned_steps(section, examples, plan) == 40  # ceil(10,000 / (16 x 16))
-    assert planned_steps(section.model_copy(update={"max_steps": 7}), examples, plan) == 7
-    assert planned_steps(section.model_copy(update={"epochs": 1}), examples, plan) == 25  # 400 // 16
+    size = ModelSize.of(TINY)
+    assert planned_steps(section, examples, plan, size) == 40  # ceil(10,000 / (16 x 16))
+    assert planned_steps(section.model_copy(update={"max_steps": 7}), examples, plan, size) == 7
+    assert planned_steps(section.model_copy(update={"epochs": 1}), examples, plan, size) == 25  # 400 // 16
+
+
+def test_a_compute_budget_sets_the_steps_from_the_models_flops_per_token() -> None:
+    plan = StepPlan(batch_size=8, grad_accum_steps=2)
+    examples = open_examples(TRAIN, TINY.block_size, TINY.vocab_size)
+    size = ModelSize.of(TINY)
+    flops = TrainingConfig(max_flops=size.flops_per_token * 10_000, epochs=3)
+    assert planned_steps(flops, examples, plan, size) == 40  # 10,000 tokens, as max_tokens=10,000
+    per_parameter = TrainingConfig(tokens_per_parameter=2.0, epochs=3)
+    steps = -(-2 * size.parameter_count // 256)  # whole steps of 16 x 16 tokens
+    assert planned_steps(per_parameter, examples, plan, size) == min(steps, 3 * 25)
+    both = flops.model_copy(update={"max_tokens": 2_560})  # the least of the budgets wins
+    assert planned_steps(both, examples, plan, size) == 10
 
 
 def test_resume_with_a_different_config_is_refused_naming_the_keys(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """`gptpipe`: the command line, a thin door onto flows and gptcore.
 
-The commands are plain functions in `pipeline.py` (run, sweep, finetune), `train.py` (device, train,
+The commands are plain functions in `pipeline.py` (run, sweep, scale, finetune), `train.py` (device, train,
 generate), `models.py` (merge, import, models, serve, export, quantize, benchmark), `tracking.py` (ui,
 compare, tracking replay) and `servers.py` (servers), registered here and nowhere else; what several take
 alike (the parameter file, choices from the config's types) is in `options.py`. They import
@@ -75,7 +75,7 @@ def _register_commands() -> None:
         quantize_command,
         serve_command,
     )
-    from flows.cli.pipeline import finetune_command, run, sweep_command
+    from flows.cli.pipeline import finetune_command, run, scale_command, sweep_command
     from flows.cli.servers import servers_command
     from flows.cli.tracking import compare_command, replay_command, ui_command
     from flows.cli.train import device_command, generate_command, train_command
@@ -83,6 +83,7 @@ def _register_commands() -> None:
     for name, command in (
         ("run", run),
         ("sweep", sweep_command),
+        ("scale", scale_command),
         ("finetune", finetune_command),
         ("merge", merge_command),
         ("import", import_command),

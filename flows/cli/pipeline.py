@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 
 from flows.cli.options import json_lines_only, resolve_params
 from gptcore.errors import ConfigError
@@ -109,6 +110,64 @@ def finetune_command(
     print(json.dumps(summary, default=str), flush=True)
     if summary.get("failed"):
         raise typer.Exit(1)
+
+
+def scale_command(
+    params: Path | None = typer.Option(None, "--params", help="parameter file (default: iteration 1's)"),
+    iteration: int | None = typer.Option(None, "--iteration", help="use params/iteration_N.yaml"),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="override a parameter in every run: key.path=value"
+    ),
+    depths: str | None = typer.Option(None, "--depths", help="the size dial's depths, e.g. 1,2,3,4,5"),
+    budgets: str | None = typer.Option(None, "--budgets", help="training FLOPs budgets, e.g. 5e12,1e13,2e13"),
+    target_flops: float | None = typer.Option(
+        None, "--target-flops", help="the planned run's budget (default: 4x the largest budget)"
+    ),
+    target_seconds: float | None = typer.Option(
+        None, "--target-seconds", help="or its seconds of training here, priced by the grid's FLOP/s"
+    ),
+    write: Path | None = typer.Option(None, "--write", help="the planned parameter file's path"),
+    parallel: int | None = typer.Option(None, "--parallel", min=1, help="runs at once (default: devices)"),
+    work_pool: str | None = typer.Option(
+        None, "--work-pool", help="run each point as a deployment run on this Prefect work pool"
+    ),
+) -> None:
+    """Scaling study: every depth x budget trained and tested through the cached stages, the law
+    L(N, D) fitted, plots and the fit on one MLflow run, and the run a target budget buys written as a
+    parameter file (or one line saying why the points cannot claim it)."""
+    from flows.scale import study_settings, target_budget
+    from tasks.params.scale import grid_trials, shared_overrides
+    from tasks.params.sweep import validate_trials
+
+    params_path, checked = resolve_params(params, iteration, overrides)
+    given = {
+        "depths": _numbers("--depths", depths, int), "budgets": _numbers("--budgets", budgets, float),
+        "target_flops": target_flops, "target_seconds": target_seconds,
+        "write": str(write) if write else None,
+    }  # fmt: skip
+    try:
+        settings = study_settings(checked.scale, given)
+    except ValidationError as error:
+        raise ConfigError(
+            f"{params_path}: scale: {error.errors()[0]['msg'].removeprefix('Value error, ')}"
+        ) from None
+    target_budget(settings)  # a target the grid cannot claim: refused before anything trains
+    validate_trials(params_path, [*overrides, *shared_overrides(checked, settings)], grid_trials(settings))
+    _start_prefect(checked)
+    from flows.scale import scale
+
+    summary = scale(str(params_path), list(overrides), given, parallel, work_pool)
+    print(json.dumps(summary, default=str), flush=True)
+
+
+def _numbers(flag: str, raw: str | None, kind: type) -> list | None:
+    """`1,2,3` as numbers of `kind`, or a one-line error naming the flag and the value."""
+    if raw is None:
+        return None
+    try:
+        return [kind(float(part)) if kind is int else kind(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {raw!r}: expected numbers separated by commas") from None
 
 
 def _check_full_can_run(checked: PipelineParams, params_path: Path) -> None:

@@ -1,9 +1,6 @@
 """Figures: FLOPs per token and MFU, steady-state throughput, and the memory estimate a run is judged by.
 
-MFU = achieved model FLOP/s / peak FLOP/s. Model FLOPs per token follow the PaLM appendix (as nanoGPT
-does): 6·N for the matmul weights (forward and backward) plus 12·L·T·d for attention scores and
-values, counted in full although causal kernels skip the masked half. N counts the 2-D weights that
-multiply activations (the tied embedding once, as the output head; positions, biases and norms not).
+MFU = achieved model FLOP/s / peak FLOP/s, model FLOPs per token as `gptcore.model.size` counts them.
 The peak is the GPU's datasheet dense figure for the precision where the GPU is known, else the best
 FLOP/s of matmuls measured in this process at its thread count: a 2048^3 square by default, the
 square plus the model's own GEMM shapes (`model_matmul_shapes`) in the CPU benchmark.
@@ -18,14 +15,10 @@ from functools import cache
 import torch
 
 from gptcore.model.config import ModelConfig
+from gptcore.model.size import flops_per_token
 from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import StepMemory
 from gptcore.runtime.precision_speed import DTYPES, synchronize
-
-FLOP_FORMULA = (
-    "6*N_matmul - 2*N_frozen + 12*n_layer*n_embd*block_size per token (fwd+bwd; PaLM appendix B, as nanoGPT; "
-    "a frozen weight's own gradient is never computed)"
-)
 
 # Dense (no sparsity) tensor-core peaks in FLOP/s, from the vendors' datasheets (SXM parts).
 GPU_PEAKS: dict[str, dict[str, float]] = {
@@ -33,13 +26,6 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
     "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12},
 }
-
-
-def flops_per_token(config: ModelConfig, matmul_parameters: int, frozen_matmul_parameters: int = 0) -> int:
-    """Forward 2·N, backward 4·N (activations' and weights' gradients), less the 2·N_frozen of weights
-    that do not train (a LoRA fine-tune's base); attention's scores and values beside."""
-    attention = 12 * config.n_layer * config.n_embd * config.block_size
-    return 6 * matmul_parameters - 2 * frozen_matmul_parameters + attention
 
 
 def mfu(tokens_per_second: float, flops_token: int, peak_flops: float) -> float:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
 
+from gptcore.model.size import ModelSize
 from gptcore.tools.strict import Strict
 
 # The fields of the optimizer's choice: an AdamW run's identity leaves them out, as before they existed.
 MUON_FIELDS = ("name", "muon_learning_rate", "muon_momentum")
+# The compute budgets: a run's identity holds them only when set, so runs from before them keep their keys.
+BUDGET_FIELDS = ("max_flops", "tokens_per_parameter")
 
 
 class OptimizerConfig(Strict):
@@ -34,6 +38,13 @@ class OptimizerConfig(Strict):
     learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0, description="the peak, after warmup")
     min_learning_rate: float = Field(default=1e-4, ge=0.0, le=10.0, description="the cosine decay's floor")
     warmup_steps: int = Field(default=20, ge=0, description="optimizer steps of linear warmup")
+    warmup_share: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="warmup as a share of the run's steps instead (a scaling study's runs: every length "
+        "the same schedule's shape); set, it replaces warmup_steps",
+    )
     weight_decay: float = Field(default=0.1, ge=0.0, description="on matrices; biases and norms get none")
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="AdamW's first-moment decay")
     beta2: float = Field(default=0.95, ge=0.0, lt=1.0, description="AdamW's second-moment decay")
@@ -41,11 +52,28 @@ class OptimizerConfig(Strict):
         default=1.0, ge=0.0, description="the gradient's largest norm; 0 turns clipping off"
     )
 
+    def scaled(self, factor: float) -> OptimizerConfig:
+        """These settings with the AdamW rates (peak and floor) multiplied by `factor` (the size dial's
+        width rule); Muon's rate is its own."""
+        rates = {
+            "learning_rate": self.learning_rate * factor,
+            "min_learning_rate": self.min_learning_rate * factor,
+        }
+        return self.model_copy(update={key: float(f"{value:.4g}") for key, value in rates.items()})
+
     def identity(self) -> dict[str, object]:
         """What decides the trajectory, as cache keys and a resume's check read it: every field; an AdamW
         run's without Muon's (as before Muon could be chosen, so its caches and checkpoints hold)."""
-        dumped = self.model_dump()
+        dumped = self.model_dump(exclude={"warmup_share"} if self.warmup_share is None else set())
         return dumped if self.name == "muon" else {k: v for k, v in dumped.items() if k not in MUON_FIELDS}
+
+    def warmup_for(self, steps: int) -> int:
+        """The warmup of a run of `steps`: warmup_share of them (at least one) or warmup_steps, always
+        leaving a step to decay."""
+        wanted = (
+            max(1, round(self.warmup_share * steps)) if self.warmup_share is not None else self.warmup_steps
+        )
+        return min(wanted, max(0, steps - 1))
 
 
 class TrainingConfig(Strict):
@@ -57,6 +85,18 @@ class TrainingConfig(Strict):
         default=None,
         ge=1,
         description="tokens to train on (every step's inputs), rounded up to whole steps; caps epochs",
+    )
+    max_flops: float | None = Field(
+        default=None,
+        gt=0,
+        description="a compute budget: training FLOPs (6N plus attention a token, gptcore.model.size), "
+        "rounded up to whole steps; caps epochs",
+    )
+    tokens_per_parameter: float | None = Field(
+        default=None,
+        gt=0,
+        description="a budget of tokens per parameter (Chinchilla's compute-optimal is about 20): this "
+        "times the parameter count, rounded up to whole steps; caps epochs",
     )
     training_examples: int | None = Field(default=None, ge=1, description="the first N training windows only")
     validation_examples: int | None = Field(
@@ -81,10 +121,23 @@ class TrainingConfig(Strict):
     def identity(self, exclude: frozenset[str] = frozenset()) -> dict[str, object]:
         """The settings as cache keys and a resume's check read them: the optimizer's `identity()`;
         without the fields in `exclude` (a section's own, keyed elsewhere)."""
-        dumped = self.model_dump(exclude=set(exclude))
+        unset_budgets = {key for key in BUDGET_FIELDS if getattr(self, key) is None}
+        dumped = self.model_dump(exclude=set(exclude) | unset_budgets)  # unset: keys as before budgets
         if self.optimizer is not None:
             dumped["optimizer"] = self.optimizer.identity()
         return dumped
+
+    def token_budget(self, size: ModelSize) -> int | None:
+        """The tokens this run may train on at `size`: the least of max_tokens and what max_flops and
+        tokens_per_parameter buy (None: no budget but the steps and epochs)."""
+        budgets = [
+            self.max_tokens,
+            size.tokens_for(self.max_flops) if self.max_flops is not None else None,
+            math.ceil(self.tokens_per_parameter * size.parameter_count)
+            if self.tokens_per_parameter is not None
+            else None,
+        ]
+        return min((budget for budget in budgets if budget is not None), default=None)
 
     @classmethod
     def of(cls, section: TrainingConfig) -> TrainingConfig:

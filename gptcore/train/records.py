@@ -111,15 +111,19 @@ class StartupRecord(Record):
     # The plan.
     sequence_length: int = param()
     parameter_count: int = param()
+    non_embedding_parameter_count: int = param()  # without token embedding and position table (Kaplan)
     trainable_parameter_count: int = param()  # what the optimizer trains: all but a fine-tune's frozen base
     matmul_parameter_count: int = context()
     max_steps: int | None = param()
+    max_flops: float | None = param()  # the compute budget, when the run was given one
+    tokens_per_parameter: float | None = param()  # the budget in tokens per parameter, when given
     epochs: float | None = param()
     planned_steps: int = param()
     schedule_steps: int = context()  # the learning-rate schedule's length: the full run's, for a smoke run
     warmup_steps: int = context()
     tokens_per_step: int = context()
     planned_tokens: int | None = param()
+    planned_flops: float | None = param()  # planned_tokens x flops_per_token
     train_examples: int | None = param()
     validation_examples: int | None = param()
     steps_per_epoch: int | None = context()
@@ -202,6 +206,8 @@ class SummaryRecord(Record):
     load_average: float | None = metric(headline=True, optional=True)  # over the training (runtime.load)
     other_cpu_cores: float | None = metric(headline=True, optional=True)
     peak_flops: float = context()
+    tokens_seen: int = metric(headline=True)  # every step's inputs from step 0 (a resume's earlier ones too)
+    training_flops: float = metric(headline=True)  # tokens_seen x flops_per_token
     peak_memory_bytes: int = metric(headline=True)  # the process's peak (CPU: imports, earlier stages)
     training_peak_memory_bytes: int | None = metric(
         headline=True

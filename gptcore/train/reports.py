@@ -15,11 +15,12 @@ from gptcore.checkpoint.manager import Checkpointer
 from gptcore.data.batches import ExampleSet, StepPlan
 from gptcore.finetune.lora import trainable_parameters
 from gptcore.model.gpt import GPT
+from gptcore.model.size import FLOP_FORMULA, ModelSize
 from gptcore.runtime.attention import attention_backend
 from gptcore.runtime.batch_size import BatchChoice
 from gptcore.runtime.decided import Runtime
 from gptcore.runtime.device import device_report
-from gptcore.runtime.flops import FLOP_FORMULA, RunMeasures, Throughput
+from gptcore.runtime.flops import RunMeasures, Throughput
 from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import TrainingMemory, peak_memory_bytes
 from gptcore.train.compile import compiled_graphs
@@ -44,6 +45,7 @@ class Trainer(Protocol):
     train_set: ExampleSet | None
     val_set: ExampleSet | None
     planned_steps: int | None
+    size: ModelSize
     schedule: WarmupCosine
     state: TrainState
     measures: RunMeasures
@@ -78,15 +80,19 @@ def startup_record(trainer: Trainer) -> StartupRecord:
         batch_probe=trainer.batch.figures,
         sequence_length=job.model.block_size,
         parameter_count=trainer.model.parameter_count(),
+        non_embedding_parameter_count=trainer.size.non_embedding_parameter_count,
         trainable_parameter_count=trainable_parameters(trainer.model)[0],
         matmul_parameter_count=trainer.model.matmul_parameter_count(),
         max_steps=trainer.training.max_steps,
+        max_flops=trainer.training.max_flops,
+        tokens_per_parameter=trainer.training.tokens_per_parameter,
         epochs=trainer.training.epochs,
         planned_steps=steps,
         schedule_steps=trainer.schedule.total_steps,
         warmup_steps=trainer.schedule.warmup_steps,
         tokens_per_step=trainer.tokens_per_step,
         planned_tokens=steps * trainer.tokens_per_step if steps else None,
+        planned_flops=float(steps * trainer.tokens_per_step * measures.flops_per_token) if steps else None,
         train_examples=trainer.train_set.count if trainer.train_set else None,
         validation_examples=trainer.val_set.count if trainer.val_set else None,
         steps_per_epoch=trainer.state.steps_per_epoch if trainer.train_set else None,
@@ -117,6 +123,8 @@ def summary_record(trainer: Trainer, started: float, start_step: int) -> Summary
         mfu=trainer.measures.mfu(tokens_per_second),
         **(trainer.machine_load.whole() if trainer.machine_load else {}),
         peak_flops=trainer.measures.peak_flops,
+        tokens_seen=trainer.state.step * trainer.tokens_per_step,
+        training_flops=float(trainer.state.step * trainer.tokens_per_step * trainer.measures.flops_per_token),
         peak_memory_bytes=peak_memory_bytes(trainer.runtime.device),
         training_peak_memory_bytes=trainer.memory.peak() if trained else None,
         training_peak_memory_source=trainer.memory.source,

@@ -20,6 +20,7 @@ from gptcore.errors import ConfigError, DataError
 from gptcore.finetune.qlora import quantized_weights
 from gptcore.finetune.start import start_identity
 from gptcore.model.gpt import GPT, optimizer_groups
+from gptcore.model.size import ModelSize
 from gptcore.runtime.batch_size import (
     BatchChoice,
     accumulation,
@@ -31,7 +32,7 @@ from gptcore.runtime.batch_size import (
 from gptcore.runtime.decided import Runtime
 from gptcore.runtime.memory import StepMemory
 from gptcore.tools.records import Settings, flatten
-from gptcore.train.config import TrainingConfig
+from gptcore.train.config import BUDGET_FIELDS, TrainingConfig
 from gptcore.train.guards import DivergenceGuard, NonFiniteGuard
 from gptcore.train.job import TrainJob
 from gptcore.train.muon import LR_SCALE, Muon, MuonWithAdamW, hidden_matrices, orthogonal_dtype
@@ -115,14 +116,18 @@ def optimizer_state_bytes(model: torch.nn.Module, training: TrainingConfig) -> i
     return sum((4 if id(p) in muon else 8) * p.numel() for p in model.parameters())
 
 
-def planned_steps(section: TrainingConfig, train_set: ExampleSet | None, plan: StepPlan) -> int | None:
+def planned_steps(
+    section: TrainingConfig, train_set: ExampleSet | None, plan: StepPlan, size: ModelSize
+) -> int | None:
     """Optimizer steps a run of `section` takes over this data with `plan`'s global batch: its epochs,
-    capped by max_steps and by max_tokens (whole steps of global batch x block_size tokens)."""
+    capped by max_steps and by its token budget at this model's `size` (max_tokens, max_flops,
+    tokens_per_parameter: whole steps of global batch x block_size tokens)."""
     cap = section.max_steps
     if train_set is None:
         return cap
-    if section.max_tokens is not None:
-        by_tokens = -(-section.max_tokens // (plan.global_batch * train_set.block_size))
+    budget = section.token_budget(size)
+    if budget is not None:
+        by_tokens = max(1, -(-budget // (plan.global_batch * train_set.block_size)))
         cap = min(cap or by_tokens, by_tokens)
     per_epoch = plan.steps_per_epoch(train_set.count_within(section.training_examples))
     return min(per_epoch * section.epochs, cap or per_epoch * section.epochs)
@@ -134,9 +139,8 @@ def warmup_cosine(job: TrainJob, train_set: ExampleSet | None, plan: StepPlan) -
     section = job.follows or job.training
     if job.follows_world_size is not None:
         plan = StepPlan(plan.batch_size, plan.grad_accum_steps, job.follows_world_size, 0)
-    opt, total = job.training.optimizer, planned_steps(section, train_set, plan) or 1
-    warmup = min(opt.warmup_steps, max(0, total - 1))
-    return WarmupCosine(opt.learning_rate, opt.min_learning_rate, warmup, total)
+    opt, total = job.training.optimizer, planned_steps(section, train_set, plan, ModelSize.of(job.model)) or 1
+    return WarmupCosine(opt.learning_rate, opt.min_learning_rate, opt.warmup_for(total), total)
 
 
 def trajectory_settings(
@@ -159,8 +163,9 @@ def trajectory_settings(
             "data.train_tokens": _stream_identity(job.train_tokens),
         }
     )
-    if t.max_tokens is not None:  # only when set: runs from before the setting keep resuming
-        config["training.max_tokens"] = t.max_tokens
+    for budget in ("max_tokens", *BUDGET_FIELDS):  # only when set: runs from before them keep resuming
+        if getattr(t, budget) is not None:
+            config[f"training.{budget}"] = getattr(t, budget)
     flatten("data", job.extra_fingerprint, config)
     config.update(start_identity(job.init_weights, job.lora))  # fine-tuning only: others keep resuming
     return json.loads(json.dumps(config, default=str))  # as the JSON sidecar will hold it

@@ -26,6 +26,7 @@ from gptcore.distributed.group import all_reduce_mean, grad_scaler
 from gptcore.errors import GptpipeError, TrainingError, first_line
 from gptcore.finetune.start import start_from
 from gptcore.model.gpt import GPT
+from gptcore.model.size import ModelSize
 from gptcore.runtime.batch_size import OutOfMemory, memory_budget
 from gptcore.runtime.decided import Runtime
 from gptcore.runtime.device import apply_runtime
@@ -98,7 +99,8 @@ class Trainer:
         self.ddp = data_parallel(self.model, job, self.runtime)
         replica = self.ddp or self.model
         self.optimizer = make_optimizer(self.model, t, self.runtime)
-        self.planned_steps = planned_steps(t, self.train_set, self.plan)
+        self.size = ModelSize.of(job.model)
+        self.planned_steps = planned_steps(t, self.train_set, self.plan, self.size)
         self.schedule = warmup_cosine(job, self.train_set, self.plan)
         self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
         self.state = TrainState(self.plan.steps_per_epoch(self.train_set.count) if self.train_set else 1)

@@ -27,6 +27,9 @@ BASE_MODEL_DEFAULTS = {
 }
 
 
+DIAL_KEYS = ("model.depth", "model.recipe")  # the size dial's (gptcore.model.dial)
+
+
 class ParamsLoader(yaml.SafeLoader):
     """Safe YAML that reads `1e-3` as a float, as YAML 1.2 does (PyYAML's 1.1 rules make it a string)."""
 
@@ -131,6 +134,8 @@ def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     for assignment in overrides:
         if assignment.startswith("model.") and isinstance(data.get("model"), str):  # a key of the profile
             data["model"] = load_profile(data["model"], profiles).model_dump()
+        if assignment.partition("=")[0].strip() in DIAL_KEYS and isinstance(data.get("model"), dict):
+            data["model"].pop("name", None)  # another point on the dial: named by it, not the file's
         apply_override(data, assignment)
     source = f"{path}" + (" (with --set)" if overrides else "")
     profile_ref = data.get("model")

@@ -12,7 +12,9 @@ from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.errors import ConfigError
 from gptcore.eval.config import EvaluateConfig, QuantizeConfig
 from gptcore.finetune.config import LoRAConfig, QLoRAConfig
+from gptcore.model import dial
 from gptcore.model.config import ModelConfig
+from gptcore.model.dial import Recipe
 from gptcore.runtime.config import ConcreteDevice, DeviceDefaults, RuntimeConfig
 from gptcore.tools.records import JSONObject
 from gptcore.tools.strict import Strict
@@ -30,16 +32,57 @@ _COMPARED: dict[str, list[FinetuneMethod]] = {"qlora": ["lora", "full"], "lora":
 
 
 class ModelProfile(Strict):
-    """A model of `params/profiles/`: its architecture and what it runs with on each kind of device."""
+    """A model of `params/profiles/`: its architecture and what it runs with on each kind of device. The
+    architecture is written out, or follows from the size dial (`depth`, `gptcore.model.dial`): then the
+    architecture's given fields (vocab_size, block_size, dropout) are kept and the shape and recipe are
+    the dial's, and the training's AdamW rates scale with the width (`learning_rate_scale`)."""
 
-    name: str = Field(description="the profile's name, recorded as the model.profile param")
+    name: str = Field(
+        description="the profile's name, recorded as the model.profile param (a dial's: gpt2-d6)"
+    )
+    depth: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="the size dial: blocks; width 64 x depth, heads of 64, AdamW rates x sqrt(256 / width)",
+    )
+    recipe: Recipe | None = Field(
+        default=None, description="with depth: gpt2 or modern (unset: the architecture's own, else gpt2)"
+    )
     architecture: ModelConfig = Field(description="the GPT's shape")
     cpu: DeviceDefaults = Field(description="batch, precision and workers on the CPU")
     gpu: DeviceDefaults = Field(description="batch, precision and workers on an accelerator (CUDA, MPS)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shape_from_the_dial(cls, data: Any) -> Any:
+        """A profile stated by depth: its architecture built by the dial over the given vocabulary and
+        context (a profile's own, when `--set model.depth=` turns a named profile)."""
+        if not isinstance(data, dict) or data.get("depth") is None:
+            return data
+        given = data.get("architecture") or {}
+        given = given.model_dump() if isinstance(given, ModelConfig) else dict(given)
+        missing = [key for key in ("vocab_size", "block_size") if key not in given]
+        if missing:
+            raise ValueError(f"depth: the dial needs architecture.{missing[0]} (the rest follows from depth)")
+        recipe = data.get("recipe") or (
+            dial.recipe_of(ModelConfig(**given)) if "n_layer" in given else "gpt2"
+        )
+        shape = dial.architecture(
+            data["depth"], recipe, given["vocab_size"], given["block_size"], given.get("dropout", 0.0)
+        )
+        return data | {"name": data.get("name") or dial.name(data["depth"], recipe), "recipe": recipe,
+                       "architecture": shape}  # fmt: skip
+
+    def learning_rate_scale(self) -> float:
+        """What the training's AdamW rates are multiplied by: the dial's rule at this depth, else 1."""
+        return dial.learning_rate_scale(self.depth) if self.depth is not None else 1.0
+
     def as_params(self) -> dict[str, Any]:
-        """The profile as `model.*` run params: its name, its recipe in a word and its architecture."""
-        return {"model.profile": self.name, "model.recipe": self.architecture.recipe_name()} | {
+        """The profile as `model.*` run params: its name, its recipe in a word, its depth on the dial
+        (where it has one) and its architecture."""
+        dialed = {"model.depth": self.depth} if self.depth is not None else {}
+        return {"model.profile": self.name, "model.recipe": self.architecture.recipe_name(), **dialed} | {
             f"model.{key}": value for key, value in self.architecture.model_dump().items()
         }
 
@@ -195,6 +238,59 @@ class SweepConfig(Strict):
     )
 
 
+class ScaleConfig(Strict):
+    """`gptpipe scale`'s study (flows.scale): every depth of the size dial trained at every budget through
+    the pipeline's stages, the law fitted to their test bits per byte, and the run a target budget buys
+    written as a parameter file."""
+
+    depths: list[int] = Field(
+        default=[1, 2, 3, 4, 5], min_length=1, description="the size dial's depths (model.depth) to train"
+    )
+    budgets: list[float] = Field(
+        default=[5e12, 1e13, 2e13], min_length=1, description="training FLOPs budgets (full.max_flops)"
+    )
+    target_flops: float | None = Field(
+        default=None, gt=0, description="the planned run's budget in FLOPs (default: 4x the largest budget)"
+    )
+    target_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="or in seconds of training on this device, priced by the grid's measured FLOP/s",
+    )
+    parameters: Literal["auto", "total", "non_embedding"] = Field(
+        default="auto",
+        description="the law's N: every parameter, the non-embedding ones, or auto: whichever predicts the "
+        "largest budget from the smaller ones better",
+    )
+    registered_model: str | None = Field(
+        default=None, description="where the grid's models register (None: gptpipe-iteration-N-scaling)"
+    )
+    write: str | None = Field(
+        default=None,
+        description="the planned run's parameter file (None: iteration_N_planned.yaml beside the one read)",
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ScaleConfig:
+        if self.target_flops is not None and self.target_seconds is not None:
+            raise ValueError(
+                f"target_flops {self.target_flops:g} and target_seconds {self.target_seconds:g}: give one"
+            )
+        if any(depth < 1 for depth in self.depths) or any(budget <= 0 for budget in self.budgets):
+            raise ValueError(f"depths {self.depths} and budgets {self.budgets}: every one must be positive")
+        return self
+
+
+class PredictionConfig(Strict):
+    """What a scaling study predicted for this run (`gptpipe scale` writes it into the parameter file it
+    plans): the evaluate stage sets its measurement beside it."""
+
+    test_bits_per_byte: float = Field(gt=0, description="the predicted test bits per byte")
+    low: float = Field(gt=0, description="the interval's low end")
+    high: float = Field(gt=0, description="the interval's high end")
+    scale_run_id: str | None = Field(default=None, description="the MLflow run of the study behind it")
+
+
 class PathsConfig(Strict):
     """Where the pipeline's files go, relative to the working folder unless absolute."""
 
@@ -222,10 +318,14 @@ class PipelineParams(Strict):
     export: ExportConfig = Field(default=ExportConfig(), description="the export stage")
     quantize: QuantizeSection = Field(default=QuantizeSection(), description="the quantize stage")
     sweep: SweepConfig = Field(default=SweepConfig(), description="`gptpipe sweep`'s trials")
+    scale: ScaleConfig = Field(default=ScaleConfig(), description="`gptpipe scale`'s study")
     tracking: TrackingConfig = Field(default=TrackingConfig(), description="the MLflow store")
     paths: PathsConfig = Field(default=PathsConfig(), description="where files go")
     finetune: FinetuneConfig | None = Field(
         default=None, description="a fine-tune's parameter file (gptpipe finetune): the base and method"
+    )
+    prediction: PredictionConfig | None = Field(
+        default=None, description="a scaling study's prediction of this run's test bits per byte"
     )
 
     @model_validator(mode="after")
@@ -280,10 +380,16 @@ class PipelineParams(Strict):
 
     def training_section(self, stage: TrainingStage) -> TrainingConfig:
         """The settings a stage trains with: the smoke section takes the full section's optimizer unless
-        it names its own (`smoke_optimizer_source`)."""
+        it names its own (`smoke_optimizer_source`); a model on the size dial scales the AdamW rates by
+        its width (`ModelProfile.learning_rate_scale`)."""
         if stage == "full":
-            return self.full
-        return self.smoke.model_copy(update={"optimizer": self.smoke.optimizer or self.full.optimizer})
+            section: TrainingConfig = self.full
+        else:
+            section = self.smoke.model_copy(update={"optimizer": self.smoke.optimizer or self.full.optimizer})
+        scale = self.model.learning_rate_scale() if self.model is not None else 1.0
+        if scale == 1.0:
+            return section
+        return section.model_copy(update={"optimizer": section.optimizer.scaled(scale)})
 
     def model_params(self) -> dict[str, Any]:
         """The model profile as `model.*` run params (none while a start model's is not resolved)."""

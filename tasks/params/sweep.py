@@ -33,10 +33,11 @@ class Trial:
 
     number: int
     values: dict[str, Any]
+    label: str | None = None  # a name of its own (a scaling study's `d3-1e+13`), else trial-NN
 
     @property
     def name(self) -> str:
-        return f"trial-{self.number:02d}"
+        return self.label or f"trial-{self.number:02d}"
 
     def overrides(self) -> list[str]:
         """The `--set` assignments that make this trial."""

@@ -6,6 +6,7 @@ challenger, on this test split)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -16,7 +17,7 @@ from gptcore.eval.benchmarks import BenchmarkScores
 from gptcore.eval.held_out import HeldOutRecord
 from gptcore.tools.atomic import write_json_atomic, write_text_atomic
 from tasks.caching import StageOutcome
-from tasks.results import CheckpointsResult, Record, StageResult, file_record
+from tasks.results import CheckpointsResult, Figure, Record, StageResult, file_record
 from tasks.stage import Stage, announce
 from tasks.stages.device import DeviceResult
 from tasks.stages.reading import ReadCheckpoint
@@ -24,7 +25,7 @@ from tasks.stages.tokens import TokensResult
 from tasks.stages.training import run_directory
 
 if TYPE_CHECKING:
-    from tasks.params.schema import PipelineParams
+    from tasks.params.schema import PipelineParams, PredictionConfig
     from tasks.tracking import PipelineRecorder
     from tasks.tracking.models.gate import BenchmarkGate
 
@@ -75,6 +76,7 @@ class Evaluate(Stage[EvaluateResult]):
             self.params.evaluate.model_dump(),
             self.device.runtime.device,
             *benchmark_identity(self.params),
+            *([self.params.prediction.model_dump()] if self.params.prediction else []),
         )
 
     def compute(self, fingerprint: str | None) -> EvaluateResult:
@@ -101,6 +103,7 @@ class Evaluate(Stage[EvaluateResult]):
             first = record.samples[0]
             figures["sample"] = " ".join(f"{first.prompt}⟶{first.greedy}".split())[:160]
         bits = record.test_bits_per_byte or float("nan")
+        figures.update(prediction_figures(params.prediction, bits))
         announce(
             f"evaluate: test loss {record.test_loss:.4f} ({bits:.4f} bits/byte) against the unigram "
             f"{record.unigram_test_loss:.4f}; samples in {samples}"
@@ -201,3 +204,15 @@ class AfterEvaluation(Stage[R]):
     @cached_property
     def read(self) -> ReadCheckpoint:
         return ReadCheckpoint.of(self.trained, Path(self.evaluated.checkpoint))
+
+
+def prediction_figures(prediction: PredictionConfig | None, measured: float) -> dict[str, Figure]:
+    """A planned run's measurement beside its scaling study's prediction: the prediction, the error
+    (measured / predicted - 1) and whether the measurement fell inside the stated interval."""
+    if prediction is None or not math.isfinite(measured):
+        return {}
+    return {
+        "predicted_test_bits_per_byte": prediction.test_bits_per_byte,
+        "prediction_error": measured / prediction.test_bits_per_byte - 1,
+        "prediction_within_interval": float(prediction.low <= measured <= prediction.high),
+    }

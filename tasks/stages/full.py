@@ -71,6 +71,7 @@ class Full(Training[FullResult]):
                 **SummaryRecord.headline(summary),
                 **smoke_estimate(smoke, resume),
                 **trained_share(progress.startup),
+                **sizes(progress.startup),
             },
         )
 
@@ -83,6 +84,18 @@ def trained_share(startup: StartupRecord | None) -> dict[str, Figure]:
     return {
         "trainable_parameter_count": startup.trainable_parameter_count,
         "trainable_parameter_share": round(share, 6),
+    }
+
+
+def sizes(startup: StartupRecord | None) -> dict[str, Figure]:
+    """The model's parameters, with and without the embeddings (a scaling study's N), and the tokens a
+    step trains on."""
+    if startup is None:
+        return {}
+    return {
+        "parameter_count": startup.parameter_count,
+        "non_embedding_parameter_count": startup.non_embedding_parameter_count,
+        "tokens_per_step": startup.tokens_per_step,
     }
 
 

@@ -9,6 +9,7 @@ the answers (the run's id, before any child starts), and no training waits on th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptcore.tools.records import JSONObject
@@ -66,6 +67,18 @@ class ParentRun:
     def log_table(self, rows: list[JSONObject], file: str) -> None:
         """Rows (dicts with the same keys) as the run's table artifact `file` (MLflow's table view)."""
         self.session.client.log_table(self.run_id, table_columns(rows), file)
+
+    def log_metrics(self, values: dict[str, float]) -> None:
+        """Metrics of the run, at step 0."""
+        for key, value in values.items():
+            self.session.client.log_metric(self.run_id, key, value)
+
+    def log_file(self, path: Path, folder: str | None = None) -> None:
+        """A file as an artifact of the run (a PNG shows in the MLflow UI's artifact view)."""
+        self.session.client.log_artifact(self.run_id, str(path), folder)
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.session.client.set_tag(self.run_id, key, value)
 
     def log_text(self, text: str, file: str) -> None:
         self.session.client.log_text(self.run_id, text, file)

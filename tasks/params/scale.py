@@ -1,0 +1,107 @@
+"""A scaling study in parameter-file terms: its grid as trials (each a depth of the size dial at a FLOPs
+budget, as `--set` would make it), the candidates a budget could buy, and the planned run's parameter
+file, written from the study's file with the chosen depth, budget and prediction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptcore.errors import ConfigError
+from gptcore.model.size import ModelSize
+from gptcore.scaling.plan import Candidate, Planned
+from gptcore.scaling.points import ScalingPoint
+from gptcore.tools.atomic import write_text_atomic
+from tasks.params.loading import load_params, read_yaml
+from tasks.params.schema import PipelineParams, ScaleConfig
+from tasks.params.sweep import Trial
+
+WARMUP_SHARE = 0.05  # every run of the study warms up over the same share of its steps
+
+
+def registered_model(params: PipelineParams, settings: ScaleConfig) -> str:
+    """Where the grid's models register: apart from the iteration's own, whose champion they must not
+    take (a grid's small models are measurements, not candidates)."""
+    return settings.registered_model or f"gptpipe-iteration-{params.iteration}-scaling"
+
+
+def shared_overrides(params: PipelineParams, settings: ScaleConfig) -> list[str]:
+    """What every point of the grid, and the planned run, set: the budget alone decides the length
+    (no step cap), warmup a share of the steps."""
+    return [
+        "full.max_steps=null",
+        f"full.optimizer.warmup_share={WARMUP_SHARE}",
+        f"tracking.registered_model={registered_model(params, settings)}",
+    ]
+
+
+def grid_trials(settings: ScaleConfig) -> list[Trial]:
+    """Every depth at every budget, smallest budget first, named `d<depth>-<budget>`."""
+    points = [(budget, depth) for budget in sorted(settings.budgets) for depth in sorted(settings.depths)]
+    return [
+        Trial(number, {"model.depth": depth, "full.max_flops": budget}, label=f"d{depth}-{budget:.0e}")
+        for number, (budget, depth) in enumerate(points, 1)
+    ]
+
+
+def dial_size(params_path: Path, base: list[str], depth: int) -> ModelSize:
+    """The size of the study's model at `depth` of the dial."""
+    return ModelSize.of(
+        load_params(params_path, [*base, f"model.depth={depth}"]).model_profile().architecture
+    )
+
+
+def candidates(params_path: Path, base: list[str], points: list[ScalingPoint], most: int) -> list[Candidate]:
+    """Depths 1 to `most` of the dial, each with the training FLOP/s measured at the nearest depth of the
+    grid (a budget in seconds is priced by them)."""
+    rates = {p.depth: p.flops_per_second for p in points if p.flops_per_second}
+    found = []
+    for depth in range(1, most + 1):
+        nearest = min(rates, key=lambda measured: (abs(measured - depth), -measured)) if rates else None
+        found.append(Candidate(depth, dial_size(params_path, base, depth), rates.get(nearest)))
+    return found
+
+
+def write_planned(source: Path, base: list[str], planned: Planned, run_id: str | None, target: Path) -> Path:
+    """The planned run's parameter file: the study's file with the chosen depth on the dial, the budget
+    in FLOPs (no step cap), the study's warmup share and the prediction; checked by loading it back."""
+    data: dict[str, Any] = read_yaml(source)
+    params = load_params(source, [*base, f"model.depth={planned.depth}"])
+    profile = params.model_profile()
+    data.pop("scale", None)
+    shape = profile.architecture
+    data["model"] = {
+        "depth": planned.depth,
+        "recipe": profile.recipe,
+        "architecture": {"vocab_size": shape.vocab_size, "block_size": shape.block_size},
+        "cpu": profile.cpu.model_dump(exclude_defaults=True),
+        "gpu": profile.gpu.model_dump(exclude_defaults=True),
+    }
+    full = data.setdefault("full", {})
+    full.update({"max_flops": planned.max_flops, "max_steps": None})
+    full.setdefault("optimizer", {})["warmup_share"] = WARMUP_SHARE
+    data["prediction"] = {
+        "test_bits_per_byte": round(planned.predicted_test_bits_per_byte, 4),
+        "low": round(planned.predicted_low, 4),
+        "high": round(planned.predicted_high, 4),
+        "scale_run_id": run_id,
+    }
+    header = (
+        f"# Planned by `gptpipe scale` from {source.name} (MLflow run {run_id}):\n"
+        f"# depth {planned.depth} of the size dial ({planned.parameter_count:,} parameters) on "
+        f"{planned.tokens:,} tokens\n# ({planned.steps} steps, {planned.tokens_per_parameter:.1f} tokens per "
+        f"parameter) for {planned.max_flops:.3g} FLOPs; predicted test bits per byte\n"
+        f"# {planned.predicted_test_bits_per_byte:.4f} "
+        f"({planned.predicted_low:.4f}-{planned.predicted_high:.4f}).\n"
+        f"#   gptpipe run --params {target}\n"
+    )
+    text = header + yaml.safe_dump(data, sort_keys=False, width=100)
+    write_text_atomic(target, text)
+    try:
+        load_params(target)  # what was written reads back as a parameter file
+    except ConfigError:
+        target.unlink()
+        raise
+    return target
