@@ -25,7 +25,7 @@ from prefect import flow
 from flows.sweep import data_stages, run_trials
 from flows.trials import TableRun, TrialResult
 from gptcore.errors import ConfigError
-from gptcore.scaling.plan import MAX_EXTRAPOLATION, Budget, Planned, choose, enough_points
+from gptcore.scaling.plan import MAX_EXTRAPOLATION, Budget, Limits, Planned, choose, enough_points
 from gptcore.scaling.points import ScalingPoint
 from gptcore.scaling.study import Study, study
 from gptcore.tools.markdown import table
@@ -162,11 +162,8 @@ def conclude(
     deepest = max(settings.depths) + DEEPER
     planned: Planned | None = None
     try:
-        per_step = tokens_per_step(points)
-        priced = candidates(source, base, points, deepest)
-        chosen = found.chosen
-        planned = choose(chosen.law, found.laws, chosen.kind, points, budget, priced, per_step, train_tokens,
-                         chosen.holdout_error)  # fmt: skip
+        limits = epoch_limits(params, tokens_per_step(points), train_tokens, settings.within_one_epoch)
+        planned = choose(found, points, budget, candidates(source, base, points, deepest), limits)
     except ConfigError as refusal:
         run.set_tag("scale.refusal", str(refusal))
         record(run, found, None, points)
@@ -191,6 +188,14 @@ def tokens_per_step(points: list[ScalingPoint]) -> int:
             f"scale: the grid's runs trained {sorted(steps)} tokens a step; the law needs one batch"
         )
     return steps.pop()
+
+
+def epoch_limits(params: PipelineParams, per_step: int, train_tokens: int, within_one_epoch: bool) -> Limits:
+    """One epoch as the trainer counts it: the training windows of block_size + 1 tokens, in whole steps."""
+    block = params.model_profile().architecture.block_size
+    windows_per_step = per_step // block
+    epoch_steps = (train_tokens // (block + 1)) // windows_per_step
+    return Limits(epoch_steps * per_step, per_step, within_one_epoch)
 
 
 def record(run: ParentRun, found: Study, planned: Planned | None, points: list[ScalingPoint]) -> None:
@@ -238,6 +243,10 @@ def describe(found: Study, planned: Planned | None) -> str:
             f"tokens ({planned.tokens_per_parameter:.1f} per parameter), {planned.max_flops:.3g} FLOPs: "
             f"predicted {planned.predicted_test_bits_per_byte:.4f} test bits per byte "
             f"({planned.predicted_low:.4f}-{planned.predicted_high:.4f})"
+        )
+    if planned is not None and planned.data_constrained:
+        lines.append(
+            "  within one epoch: a smaller size would do better on this budget but read the corpus again"
         )
     return "\n".join(lines)
 

@@ -14,8 +14,9 @@ from gptcore.model import dial
 from gptcore.model.size import ModelSize
 from gptcore.scaling import isoflop
 from gptcore.scaling.law import Law, fit
-from gptcore.scaling.plan import Budget, Candidate, choose
+from gptcore.scaling.plan import Budget, Candidate, Limits, choose
 from gptcore.scaling.points import ParameterKind, ScalingPoint, arrays
+from gptcore.scaling.study import Fit, Study
 from gptcore.train.config import OptimizerConfig, TrainingConfig
 from tasks.params.loading import load_params, load_profile
 
@@ -131,20 +132,28 @@ def candidates_for(sizes: list[int]) -> list[Candidate]:
     return [Candidate(depth, ModelSize(n, n, n, 6 * n)) for depth, n in enumerate(sizes, 1)]
 
 
+def known(law: Law, points: list[ScalingPoint], laws: list[Law], error: float) -> Study:
+    """A study whose chosen fit is `law` itself (its bootstrap `laws`, its held-out `error`)."""
+    fitted = Fit(ParameterKind("total"), law, [0.0] * len(points), error, "the largest budget")
+    return Study(points, {"total": fitted}, fitted, laws, [], None)
+
+
+SIZES = [int(n) for n in np.geomspace(2e7, 1.6e9, 12)]
+
+
 def test_the_plan_takes_the_size_with_the_lowest_predicted_loss_within_one_epoch() -> None:
-    points, kind = grid_points(CHINCHILLA), ParameterKind("total")
-    sizes = [int(n) for n in np.geomspace(2e7, 1.6e9, 12)]
-    planned = choose(
-        CHINCHILLA, [CHINCHILLA], kind, points, Budget(flops=4e18), candidates_for(sizes), 1, 10**13, 0.01
-    )
-    losses = {n: CHINCHILLA.loss(n, 4e18 / (6 * n)) for n in sizes}
+    points = grid_points(CHINCHILLA)
+    found = known(CHINCHILLA, points, [CHINCHILLA], 0.01)
+    planned = choose(found, points, Budget(flops=4e18), candidates_for(SIZES), Limits(10**13, 1))
+    losses = {n: CHINCHILLA.loss(n, math.ceil(4e18 / (6 * n))) for n in SIZES}
     assert planned.parameter_count == min(losses, key=losses.get)
     assert planned.predicted_test_bits_per_byte == pytest.approx(losses[planned.parameter_count], rel=1e-6)
     assert planned.predicted_low < planned.predicted_test_bits_per_byte < planned.predicted_high
+    assert not planned.data_constrained
 
 
 @pytest.mark.parametrize(
-    ("budget", "train_tokens", "points", "message"),
+    ("budget", "epoch", "points", "message"),
     [
         (4e18, 10**13, 5, r"^too few points to fit: 5 finished runs over 2 budgets, 1 of them with 3 sizes"),
         (
@@ -163,14 +172,23 @@ def test_the_plan_takes_the_size_with_the_lowest_predicted_loss_within_one_epoch
     ],
 )
 def test_the_plan_refuses_what_the_points_cannot_claim_in_one_line(
-    budget: float, train_tokens: int, points: int, message: str
+    budget: float, epoch: int, points: int, message: str
 ) -> None:
     grid = grid_points(CHINCHILLA)[:points]
-    sizes = [int(n) for n in np.geomspace(2e7, 1.6e9, 12)]
+    found = known(CHINCHILLA, grid, [], 0.0)
     with pytest.raises(ConfigError, match=message) as refused:
-        choose(CHINCHILLA, [], ParameterKind("total"), grid, Budget(flops=budget), candidates_for(sizes), 1,
-               train_tokens, 0.0)  # fmt: skip
+        choose(found, grid, Budget(flops=budget), candidates_for(SIZES), Limits(epoch, 1))
     assert "\n" not in str(refused.value)
+
+
+def test_within_one_epoch_plans_the_best_size_that_reads_the_corpus_once() -> None:
+    points = grid_points(CHINCHILLA)
+    found = known(CHINCHILLA, points, [CHINCHILLA], 0.0)
+    limits = Limits(2 * 10**9, 1, within_one_epoch=True)
+    planned = choose(found, points, Budget(flops=4e18), candidates_for(SIZES), limits)
+    assert planned.data_constrained and planned.tokens <= 2 * 10**9
+    fitting = [n for n in SIZES if math.ceil(4e18 / (6 * n)) <= 2 * 10**9]
+    assert planned.parameter_count == min(fitting)  # the smallest that fits: the law wants smaller still
 
 
 SCALE_CEILING = 900  # against a hang only

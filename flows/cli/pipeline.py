@@ -126,6 +126,9 @@ def scale_command(
     target_seconds: float | None = typer.Option(
         None, "--target-seconds", help="or its seconds of training here, priced by the grid's FLOP/s"
     ),
+    within_one_epoch: bool = typer.Option(
+        False, "--within-one-epoch", help="plan the best size that reads the corpus at most once, not refuse"
+    ),
     write: Path | None = typer.Option(None, "--write", help="the planned parameter file's path"),
     parallel: int | None = typer.Option(None, "--parallel", min=1, help="runs at once (default: devices)"),
     work_pool: str | None = typer.Option(
@@ -143,7 +146,7 @@ def scale_command(
     given = {
         "depths": _numbers("--depths", depths, int), "budgets": _numbers("--budgets", budgets, float),
         "target_flops": target_flops, "target_seconds": target_seconds,
-        "write": str(write) if write else None,
+        "write": str(write) if write else None, "within_one_epoch": within_one_epoch or None,
     }  # fmt: skip
     try:
         settings = study_settings(checked.scale, given)

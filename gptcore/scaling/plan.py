@@ -12,8 +12,8 @@ import numpy as np
 
 from gptcore.errors import ConfigError
 from gptcore.model.size import ModelSize
-from gptcore.scaling.law import Law
-from gptcore.scaling.points import ParameterKind, ScalingPoint
+from gptcore.scaling.points import ScalingPoint
+from gptcore.scaling.study import Study
 
 MAX_EXTRAPOLATION = 16.0  # a budget past this many times the grid's largest is beyond what it can claim
 MIN_BUDGETS, MIN_SIZES, MIN_POINTS = 2, 3, 8
@@ -60,6 +60,7 @@ class Planned:
     predicted_test_bits_per_byte: float
     predicted_low: float  # the interval: the bootstrap's 5th to 95th percentile, widened by the error
     predicted_high: float  # the fit made on the largest budget when it was left out
+    data_constrained: bool = False  # a smaller size would do better but read the corpus more than once
 
 
 def enough_points(points: Sequence[ScalingPoint]) -> None:
@@ -75,19 +76,28 @@ def enough_points(points: Sequence[ScalingPoint]) -> None:
         )
 
 
-def choose(
-    law: Law,
-    laws: Sequence[Law],
-    kind: ParameterKind,
-    points: Sequence[ScalingPoint],
-    budget: Budget,
-    candidates: Sequence[Candidate],
-    tokens_per_step: int,
-    train_tokens: int,
-    holdout_error: float,
-) -> Planned:
-    """The candidate with the lowest predicted loss at `budget`, or a one-line ConfigError saying why
-    the points cannot claim one."""
+@dataclass(frozen=True)
+class Limits:
+    """What the corpus and the batch allow a planned run: one epoch's tokens (whole steps, as the trainer
+    counts them), the tokens a step trains on, and whether a budget whose best size would read the corpus
+    more than once is planned at the best size that reads it once (else refused)."""
+
+    epoch_tokens: int
+    tokens_per_step: int
+    within_one_epoch: bool = False
+
+    def steps(self, size: ModelSize, flops: float) -> int:
+        """The steps `flops` buys at `size`, rounded up as the trainer rounds a budget."""
+        return max(1, math.ceil(size.tokens_for(flops) / self.tokens_per_step))
+
+    def fits(self, size: ModelSize, flops: float) -> bool:
+        return self.steps(size, flops) * self.tokens_per_step <= self.epoch_tokens
+
+
+def choose(found: Study, points: Sequence[ScalingPoint], budget: Budget, candidates: Sequence[Candidate],
+           limits: Limits) -> Planned:  # fmt: skip
+    """The candidate with the lowest predicted loss at `budget` under the study's chosen fit, or a
+    one-line ConfigError saying why the points cannot claim one."""
     enough_points(points)
     largest = max(p.max_flops for p in points)
     if budget.flops is not None and budget.flops > MAX_EXTRAPOLATION * largest:
@@ -95,45 +105,43 @@ def choose(
             f"budget {budget.describe()}: {budget.flops / largest:.0f}x the grid's largest budget "
             f"({largest:.3g}); the fit claims at most {MAX_EXTRAPOLATION:g}x: add a larger budget to the grid"
         )
+    fit = found.chosen
     priced = [(c, budget.flops_for(c)) for c in candidates]
-    within = [(c, flops) for c, flops in priced if c.size.tokens_for(flops) <= train_tokens]
+    within = [(c, flops) for c, flops in priced if limits.fits(c.size, flops)]
     if not within:
         raise ConfigError(
             f"budget {budget.describe()}: a budget beyond the corpus's tokens: even depth "
-            f"{max(c.depth for c in candidates)} would read more than the {train_tokens:,} training tokens"
+            f"{max(c.depth for c in candidates)} would read more than one epoch "
+            f"({limits.epoch_tokens:,} tokens)"
         )
 
     def predicted(pair: tuple[Candidate, float]) -> float:
         candidate, flops = pair
-        return law.loss(kind.of(candidate.size), candidate.size.tokens_for(flops))
+        return fit.law.loss(
+            fit.kind.of(candidate.size), limits.steps(candidate.size, flops) * limits.tokens_per_step
+        )
 
     best = min(within, key=predicted)
-    shallower = [pair for pair in priced if pair[0].depth < best[0].depth and pair not in within]
-    if shallower and predicted(max(shallower, key=lambda pair: pair[0].depth)) < predicted(best):
-        smaller = max(shallower, key=lambda pair: pair[0].depth)[0]
+    beyond = [pair for pair in priced if pair not in within and predicted(pair) < predicted(best)]
+    if beyond and not limits.within_one_epoch:
+        smaller = max(pair[0].depth for pair in beyond)
         raise ConfigError(
-            f"budget {budget.describe()}: more than one epoch: its best size (depth {smaller.depth} or "
-            f"smaller) would read the {train_tokens:,} training tokens more than once, which the law does "
-            "not model; add text to the corpus or lower the budget"
+            f"budget {budget.describe()}: more than one epoch: its best size (depth {smaller} or smaller) "
+            f"would read the {limits.epoch_tokens:,} training tokens more than once, which the law does not "
+            "model; add text to the corpus, lower the budget, or plan within one epoch (--within-one-epoch)"
         )
-    return _planned(law, laws, kind, best, tokens_per_step, holdout_error)
+    return _planned(found, best, limits, data_constrained=bool(beyond))
 
 
-def _planned(
-    law: Law,
-    laws: Sequence[Law],
-    kind: ParameterKind,
-    best: tuple[Candidate, float],
-    per_step: int,
-    error: float,
-) -> Planned:
-    candidate, flops = best
+def _planned(found: Study, best: tuple[Candidate, float], limits: Limits, data_constrained: bool) -> Planned:
+    (candidate, flops), fit = best, found.chosen
     size = candidate.size
-    steps = max(1, math.ceil(size.tokens_for(flops) / per_step))  # as the trainer rounds a budget: up
-    tokens, n = steps * per_step, kind.of(size)
-    value = law.loss(n, tokens)
-    spread = [other.loss(n, tokens) for other in laws] or [value]
+    steps = limits.steps(size, flops)
+    tokens, n = steps * limits.tokens_per_step, fit.kind.of(size)
+    value = fit.law.loss(n, tokens)
+    spread = [other.loss(n, tokens) for other in found.laws] or [value]
     low, high = np.percentile(spread, [5, 95]) if len(spread) > 1 else (value, value)
+    error = fit.holdout_error
     return Planned(
         depth=candidate.depth,
         parameter_count=size.parameter_count,
@@ -145,4 +153,5 @@ def _planned(
         predicted_test_bits_per_byte=value,
         predicted_low=float(min(low, value * (1 - error))),
         predicted_high=float(max(high, value * (1 + error))),
+        data_constrained=data_constrained,
     )

@@ -95,7 +95,12 @@ def write_planned(source: Path, base: list[str], planned: Planned, run_id: str |
         f"parameter) for {planned.max_flops:.3g} FLOPs; predicted test bits per byte\n"
         f"# {planned.predicted_test_bits_per_byte:.4f} "
         f"({planned.predicted_low:.4f}-{planned.predicted_high:.4f}).\n"
-        f"#   gptpipe run --params {target}\n"
+        + (
+            "# Within one epoch: a smaller size would do better on this budget but read the corpus again.\n"
+            if planned.data_constrained
+            else ""
+        )
+        + f"#   gptpipe run --params {target}\n"
     )
     text = header + yaml.safe_dump(data, sort_keys=False, width=100)
     write_text_atomic(target, text)

@@ -262,6 +262,11 @@ class ScaleConfig(Strict):
         description="the law's N: every parameter, the non-embedding ones, or auto: whichever predicts the "
         "largest budget from the smaller ones better",
     )
+    within_one_epoch: bool = Field(
+        default=False,
+        description="where the budget's best size would read the corpus more than once, plan the best size "
+        "that reads it at most once (the law does not model repeated data) instead of refusing",
+    )
     registered_model: str | None = Field(
         default=None, description="where the grid's models register (None: gptpipe-iteration-N-scaling)"
     )
