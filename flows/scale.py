@@ -158,7 +158,7 @@ def conclude(
     refusal, as the run's `scale.refusal` tag and a ConfigError)."""
     enough_points(points)
     kinds = ("total", "non_embedding") if settings.parameters == "auto" else (settings.parameters,)
-    found = study(points, kinds)
+    found = study(points, kinds, settings.bootstrap)
     deepest = max(settings.depths) + DEEPER
     planned: Planned | None = None
     try:

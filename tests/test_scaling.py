@@ -208,6 +208,8 @@ def test_a_study_fits_the_grid_and_writes_the_planned_run_and_a_larger_grid_trai
 
     write_corpus(tmp_path, documents=120, seed=5)
     params = write_params(tmp_path, full_steps=4)
+    with params.open("a") as file:  # one count of parameters, few refits: the fit's cost is not the test
+        file.write("scale: {parameters: total, bootstrap: 10}\n")
     planned = tmp_path / "planned.yaml"
 
     def study(budgets: str) -> dict:
@@ -244,7 +246,7 @@ def test_a_study_fits_the_grid_and_writes_the_planned_run_and_a_larger_grid_trai
     assert written.full.max_steps is None and written.full.optimizer.warmup_share == 0.05
     assert written.prediction.low <= written.prediction.test_bits_per_byte <= written.prediction.high
 
-    second = study("2e9,4e9,8e9,1.2e10")  # one budget more: its three points alone train
+    second = study("4e9,8e9,1.2e10")  # a budget more, the smallest dropped: the new three alone train
     assert second["scale_run_id"] != first["scale_run_id"]
     experiment = run.info.experiment_id
     trained = client.search_runs([experiment], "tags.stage = 'full' and tags.cached = 'false'")

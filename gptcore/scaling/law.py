@@ -19,10 +19,8 @@ from scipy.optimize import minimize
 HUBER_DELTA = 1e-3
 # Starting points: Chinchilla's grid, narrowed to what small models take (their α and β near 0.3).
 STARTS = list(
-    itertools.product(
-        (0.0, 5.0, 10.0, 20.0), (0.0, 5.0, 10.0, 20.0), (-1.0, 0.0, 0.5), (0.2, 0.5), (0.2, 0.5)
-    )
-)
+    itertools.product((0.0, 5.0, 15.0), (0.0, 5.0, 15.0), (-1.0, 0.5), (0.2, 0.5), (0.2, 0.5))
+)  # fmt: skip
 BOUNDS = [(-10.0, 60.0), (-10.0, 60.0), (-5.0, 3.0), (0.01, 3.0), (0.01, 3.0)]  # a, b, e, α, β
 
 

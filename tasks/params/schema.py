@@ -262,6 +262,9 @@ class ScaleConfig(Strict):
         description="the law's N: every parameter, the non-embedding ones, or auto: whichever predicts the "
         "largest budget from the smaller ones better",
     )
+    bootstrap: int = Field(
+        default=100, ge=0, le=10000, description="refits on resampled points behind the prediction's interval"
+    )
     within_one_epoch: bool = Field(
         default=False,
         description="where the budget's best size would read the corpus more than once, plan the best size "
