@@ -25,12 +25,22 @@ from prefect import flow
 from flows.sweep import data_stages, run_trials
 from flows.trials import TableRun, TrialResult
 from gptcore.errors import ConfigError
-from gptcore.scaling.plan import MAX_EXTRAPOLATION, Budget, Limits, Planned, choose, enough_points
+from gptcore.scaling.plan import (
+    MAX_EXTRAPOLATION,
+    MIN_BUDGETS,
+    MIN_POINTS,
+    MIN_SIZES,
+    Budget,
+    Limits,
+    Planned,
+    choose,
+    enough_points,
+)
 from gptcore.scaling.points import ScalingPoint
 from gptcore.scaling.study import Study, study
 from gptcore.tools.markdown import table
 from gptcore.tools.records import JSONObject
-from tasks.params.scale import candidates, grid_trials, shared_overrides, write_planned
+from tasks.params.scale import candidates, dial_size, grid_trials, shared_overrides, write_planned
 from tasks.params.schema import PipelineParams, ScaleConfig
 from tasks.params.sweep import Trial
 from tasks.tracking import ParentRun
@@ -64,7 +74,7 @@ def scale(params_path: str, overrides: list[str] | None = None, options: dict[st
     try:
         data = data_stages(params_path, grid_base, run.run_id)
         train_tokens = int(data.figure("tokens", "train_tokens") or 0)
-        trials = within_one_epoch(Path(params_path), grid_base, trials, train_tokens)
+        trials = one_epoch_trials(params, trials, train_tokens)
         results = run_trials(params_path, grid_base, trials, run, parallel, work_pool)
         points = scaling_points(results)
         return conclude(Path(params_path), base, params, settings, budget, points, train_tokens, run)
@@ -94,28 +104,25 @@ def target_budget(settings: ScaleConfig) -> Budget:
             "scale.budgets"
         )
     sizes, budgets = len(set(settings.depths)), len(set(settings.budgets))
-    if sizes * budgets < 8 or sizes < 3 or budgets < 2:
+    if sizes * budgets < MIN_POINTS or sizes < MIN_SIZES or budgets < MIN_BUDGETS:
         raise ConfigError(
             f"scale: too few points to fit: {sizes} depths x {budgets} budgets; the law's five coefficients "
-            "need at least 8 runs over 2 budgets of 3 depths (add to scale.depths or scale.budgets)"
+            f"need at least {MIN_POINTS} runs over {MIN_BUDGETS} budgets of {MIN_SIZES} depths (add to "
+            "scale.depths or scale.budgets)"
         )
     return Budget(flops=flops)
 
 
-def within_one_epoch(
-    params_path: Path, base: list[str], trials: list[Trial], train_tokens: int
-) -> list[Trial]:
-    """The points whose budget fits one pass over the training tokens; the others left out, and said."""
-    from tasks.params.scale import dial_size
-
+def one_epoch_trials(params: PipelineParams, trials: list[Trial], train_tokens: int) -> list[Trial]:
+    """The points whose budget fits one pass over the training tokens, counted as the planned run's
+    (`epoch_limits`) but in windows, since no run has chosen its batch yet; the others left out, and said."""
+    limits = epoch_limits(params, params.model_profile().architecture.block_size, train_tokens, False)
     kept = []
     for trial in trials:
-        tokens = dial_size(params_path, base, trial.values["model.depth"]).tokens_for(
-            trial.values["full.max_flops"]
-        )
-        if train_tokens and tokens > train_tokens:
-            print(f"scale: {trial.name} left out: {tokens:,} tokens, more than one epoch of {train_tokens:,}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+        size, flops = dial_size(params, trial.values["model.depth"]), trial.values["full.max_flops"]
+        if train_tokens and not limits.fits(size, flops):
+            print(f"scale: {trial.name} left out: {size.tokens_for(flops):,} tokens, more than one epoch of "
+                  f"{limits.epoch_tokens:,}", file=sys.stderr, flush=True)  # fmt: skip
             continue
         kept.append(trial)
     return kept
@@ -163,7 +170,7 @@ def conclude(
     planned: Planned | None = None
     try:
         limits = epoch_limits(params, tokens_per_step(points), train_tokens, settings.within_one_epoch)
-        planned = choose(found, points, budget, candidates(source, base, points, deepest), limits)
+        planned = choose(found, points, budget, candidates(params, points, deepest), limits)
     except ConfigError as refusal:
         run.set_tag("scale.refusal", str(refusal))
         record(run, found, None, points)

@@ -4,6 +4,7 @@ known one, the IsoFLOP minimum, and the planned run chosen or refused in one lin
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,7 @@ def test_the_dial_sets_width_heads_and_rates_from_depth_and_iteration_1_is_depth
     assert optimizer.min_learning_rate == pytest.approx(2e-4 * math.sqrt(2), rel=1e-3)
     assert two.training_section("smoke").optimizer == optimizer  # the smoke proves the same rates
     assert two.model.as_params()["model.depth"] == 2
+    assert not load_params(ITERATION_1).model.at_depth(2).differences(two.model.architecture)
     muon = load_params(REPO / "params" / "iteration_1_modern.yaml", ["model.depth=1"])
     assert (
         muon.model.name == "modern-d1" and muon.training_section("full").optimizer.muon_learning_rate == 0.02
@@ -189,6 +191,19 @@ def test_within_one_epoch_plans_the_best_size_that_reads_the_corpus_once() -> No
     assert planned.data_constrained and planned.tokens <= 2 * 10**9
     fitting = [n for n in SIZES if math.ceil(4e18 / (6 * n)) <= 2 * 10**9]
     assert planned.parameter_count == min(fitting)  # the smallest that fits: the law wants smaller still
+
+
+def test_the_grid_names_its_points_and_the_plan_never_prices_a_depth_below_the_grids_smallest() -> None:
+    from tasks.params.scale import candidates, grid_trials
+    from tasks.params.schema import ScaleConfig
+
+    trials = grid_trials(ScaleConfig(depths=[3, 2], budgets=[5e12, 2.5e12, 1e13]))
+    assert [t.name for t in trials][:3] == ["d2-2.5e+12", "d3-2.5e+12", "d2-5e+12"]
+    params = load_params(ITERATION_1)
+    point = ScalingPoint(2, 2.5e12, 1, 1, 2048, 2.5e12, 2.5, 2048, 1e4)
+    found = candidates(params, [point, replace(point, depth=3)], 5)
+    assert [c.depth for c in found] == [2, 3, 4, 5]
+    assert found[0].size == ModelSize.of(load_params(ITERATION_1, ["model.depth=2"]).model.architecture)
 
 
 SCALE_CEILING = 900  # against a hang only

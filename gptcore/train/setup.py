@@ -133,13 +133,15 @@ def planned_steps(
     return min(per_epoch * section.epochs, cap or per_epoch * section.epochs)
 
 
-def warmup_cosine(job: TrainJob, train_set: ExampleSet | None, plan: StepPlan) -> WarmupCosine:
+def warmup_cosine(
+    job: TrainJob, train_set: ExampleSet | None, plan: StepPlan, size: ModelSize
+) -> WarmupCosine:
     """Warmup then cosine decay over the planned steps of the run the job follows (its own, or for a
     smoke run the full run's, on that run's ranks), at the job's optimizer's rates."""
     section = job.follows or job.training
     if job.follows_world_size is not None:
         plan = StepPlan(plan.batch_size, plan.grad_accum_steps, job.follows_world_size, 0)
-    opt, total = job.training.optimizer, planned_steps(section, train_set, plan, ModelSize.of(job.model)) or 1
+    opt, total = job.training.optimizer, planned_steps(section, train_set, plan, size) or 1
     return WarmupCosine(opt.learning_rate, opt.min_learning_rate, opt.warmup_for(total), total)
 
 

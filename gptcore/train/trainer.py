@@ -101,7 +101,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, t, self.runtime)
         self.size = ModelSize.of(job.model)
         self.planned_steps = planned_steps(t, self.train_set, self.plan, self.size)
-        self.schedule = warmup_cosine(job, self.train_set, self.plan)
+        self.schedule = warmup_cosine(job, self.train_set, self.plan, self.size)
         self.scaler = grad_scaler(self.runtime.device, self.runtime.uses_grad_scaler, job.world_size)
         self.state = TrainState(self.plan.steps_per_epoch(self.train_set.count) if self.train_set else 1)
         self.evaluator = Evaluator.for_job(job, self.val_set, self.train_set, self.runtime)

@@ -41,26 +41,25 @@ def grid_trials(settings: ScaleConfig) -> list[Trial]:
     """Every depth at every budget, smallest budget first, named `d<depth>-<budget>`."""
     points = [(budget, depth) for budget in sorted(settings.budgets) for depth in sorted(settings.depths)]
     return [
-        Trial(number, {"model.depth": depth, "full.max_flops": budget}, label=f"d{depth}-{budget:.0e}")
+        Trial(number, {"model.depth": depth, "full.max_flops": budget}, label=f"d{depth}-{budget:.3g}")
         for number, (budget, depth) in enumerate(points, 1)
     ]
 
 
-def dial_size(params_path: Path, base: list[str], depth: int) -> ModelSize:
-    """The size of the study's model at `depth` of the dial."""
-    return ModelSize.of(
-        load_params(params_path, [*base, f"model.depth={depth}"]).model_profile().architecture
-    )
+def dial_size(params: PipelineParams, depth: int) -> ModelSize:
+    """The size of the study's model at `depth` of the dial (as `--set model.depth=` would make it)."""
+    return ModelSize.of(params.model_profile().at_depth(depth))
 
 
-def candidates(params_path: Path, base: list[str], points: list[ScalingPoint], most: int) -> list[Candidate]:
-    """Depths 1 to `most` of the dial, each with the training FLOP/s measured at the nearest depth of the
-    grid (a budget in seconds is priced by them)."""
+def candidates(params: PipelineParams, points: list[ScalingPoint], most: int) -> list[Candidate]:
+    """The grid's smallest depth to `most` on the dial (never below the smallest the points measured:
+    the law is not asked about sizes under them), each with the training FLOP/s measured at the nearest
+    depth of the grid (a budget in seconds is priced by them)."""
     rates = {p.depth: p.flops_per_second for p in points if p.flops_per_second}
     found = []
-    for depth in range(1, most + 1):
+    for depth in range(min(p.depth for p in points), most + 1):
         nearest = min(rates, key=lambda measured: (abs(measured - depth), -measured)) if rates else None
-        found.append(Candidate(depth, dial_size(params_path, base, depth), rates.get(nearest)))
+        found.append(Candidate(depth, dial_size(params, depth), rates.get(nearest)))
     return found
 
 
