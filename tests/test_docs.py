@@ -34,6 +34,7 @@ FILE_ENDINGS = {
 }  # fmt: skip
 # Folders and files made at run time (or by the user from a template): their paths are examples.
 RUN_TIME = ("data/", "checkpoints/", "mlruns/", ".venv/", ".prefect/", "servers/", "deploy/secrets.env")
+PLANNED = "_planned.yaml"  # the parameter file `gptpipe scale` writes beside the one it read
 GLOBAL_FLAGS = {"--verbose", "--help"}
 
 
@@ -461,6 +462,7 @@ def _is_example(path: str) -> bool:
     """Paths that stand for others: made at run time, placeholders, globs, URLs."""
     return (
         path.startswith(RUN_TIME)
+        or path.endswith(PLANNED)
         or "://" in path
         or any(mark in path for mark in ("*", "<", ">", "...", "…", "{", "$"))
         or re.search(r"(?:^|[_\-/.])(?:N|[A-Z]{2,})(?:$|[_\-/.])", path) is not None
