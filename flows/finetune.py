@@ -31,6 +31,7 @@ from tasks.params.schema import FINETUNE_STAGES, PipelineParams
 from tasks.results import Figure
 from tasks.stages.base import Base
 from tasks.stages.before_after import BeforeAfter
+from tasks.stages.chat_tokens import ChatTokens
 from tasks.stages.device import Device
 from tasks.stages.evaluate import Evaluate
 from tasks.stages.finetune import finetune_section
@@ -72,8 +73,7 @@ def finetune_method(
         base = report.run(Base(params=params), tracking).result
         start, lineage = base.start(), lineage_tags(params, base)  # training starts from the base's weights
         tracking.log_params(lineage)  # the run compares by them too: method, rank, base version
-        tokenizer = base.tokenizer_result()
-        tokens = report.run(Tokens(params=params, tokenizer=tokenizer), tracking).result
+        tokens = report.run(tokens_stage(params, base), tracking).result
         device = report.run(Device(params=params, start=start), tracking).result
         smoke = report.run(Smoke(params=params, start=start, tokens=tokens, device=device), tracking).result
         tuned = report.run(
@@ -133,6 +133,14 @@ def finetune(params_path: str, overrides: list[str] | None = None) -> JSONObject
     return summary
 
 
+def tokens_stage(params: PipelineParams, base: BaseResult) -> Tokens | ChatTokens:
+    """The new text's token files (documents), or a chat fine-tune's conversations in the template."""
+    tokenizer = base.tokenizer_result()
+    if finetune_section(params).chat:
+        return ChatTokens(params=params, tokenizer=tokenizer, block_size=base.model.architecture.block_size)
+    return Tokens(params=params, tokenizer=tokenizer)
+
+
 def finetune_params(params_path: str, overrides: list[str]) -> PipelineParams:
     """The parameter file, which must be a fine-tune's (a `finetune` section)."""
     params = load_params(params_path, overrides)
@@ -146,6 +154,7 @@ def lineage_tags(params: PipelineParams, base: BaseResult) -> dict[str, str]:
     tune = finetune_section(params)
     tags = base.lineage_tags()
     tags["finetune.name"], tags["finetune.method"] = tune.name, tune.method
+    tags["finetune.format"] = tune.format  # chat: answers in the template; its test split is chat's own
     adapters = tune.adapters()  # LoRA's and QLoRA's settings (QLoRA's with lora.quantized_base)
     if adapters is not None:
         tags.update({f"lora.{key}": str(value) for key, value in adapters.model_dump().items()})

@@ -28,8 +28,10 @@ def sample(
     top_k: int | None = 50,
     generator: torch.Generator | None = None,
     kv_cache: bool = True,
+    stop: frozenset[int] = frozenset(),
 ) -> list[int]:
-    """Continue `ids` by `max_new_tokens` tokens; temperature 0 takes the most likely token.
+    """Continue `ids` by `max_new_tokens` tokens, or until a token of `stop` (not returned: a chat model's
+    end of turn); temperature 0 takes the most likely token.
 
     With `kv_cache` (the default) the prompt is run once and each new token costs one position; without
     it every step runs the whole context again (the reference the cache is tested against). The context
@@ -50,6 +52,8 @@ def sample(
         else:
             logits, _ = model(context[:, -1:], cache=cache)
         following = choose_next(logits[:, -1, :].float(), temperature, top_k, generator)
+        if int(following) in stop:
+            break
         context = torch.cat([context, following], dim=1)
     return context[0, len(ids) :].tolist()
 

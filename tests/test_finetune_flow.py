@@ -271,3 +271,90 @@ def test_a_model_section_that_contradicts_the_base_is_one_line_naming_the_file_a
         "models:/tiny-modern@champion (bias False, position rotary, norm rmsnorm, qk_norm True, mlp swiglu, "
         "tie_embeddings False); remove the model section to train the model's own"
     ]
+
+
+# --- a chat fine-tune: a base taught to answer in the chat template ------------------------------------
+
+
+def chat_params(root: Path) -> Path:
+    """A chat fine-tune (LoRA, the embedding too) of a base with a window long enough for a question and
+    its answer, on conversations of the standard library's docstrings (short answers, no system
+    message: the tiny base's window), from a local JSON-lines file."""
+    import sysconfig
+
+    from gptcore.chat import docstrings
+    from gptcore.chat.conversations import Conversation, write
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [stdlib / name for name in ("base64.py", "bisect.py", "colorsys.py", "shlex.py", "glob.py")]
+    found = docstrings.build(files, stdlib, 0.0, 0.0)["train"]
+    short = [Conversation(c.messages[1:]) for c in found if len(c.messages[-1].content) <= 60]
+    write(short, root / "conversations.jsonl")
+    text = f"""\
+iteration: 1
+finetune:
+  name: chat
+  model: models:/tiny-long@champion
+  method: lora
+  compare: false
+  format: chat
+  lora: {{r: 8, alpha: 16, dropout: 0.0, targets: [attn.c_attn, mlp.c_fc]}}
+chat: {{source: local, paths: ["{root / "conversations.jsonl"}"],
+       validation_fraction: 0.2, test_fraction: 0.2}}
+runtime: {{device: cpu, cpu: {{batch_size: 4}}}}
+smoke: {{max_steps: 4, log_every: 2, eval_every: 4, validation_examples: 4}}
+full: {{max_steps: 40, epochs: 40, log_every: 10, eval_every: 20, checkpoint_every: 20,
+       validation_examples: 4, optimizer: {{learning_rate: 1.0e-2, warmup_steps: 2, weight_decay: 0.0}}}}
+evaluate: {{questions: 8}}
+tracking: {{experiment: test-finetune, artifact_root: "{root / "mlartifacts"}"}}
+paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"}}
+"""
+    path = root / "chat.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat(workspace: Workspace) -> subprocess.CompletedProcess[str]:
+    """The chat fine-tune of a tiny base of a 128-token window, pretrained and registered as tiny-long."""
+    root, env = workspace.root, workspace.env
+    profile = (root / "profiles" / "tiny.yaml").read_text().replace("name: tiny", "name: tiny_long")
+    (root / "profiles" / "tiny_long.yaml").write_text(profile.replace("block_size: 32", "block_size: 128"))
+    long = root / "long.yaml"
+    long.write_text(write_params(root).read_text().replace("model: tiny", "model: tiny_long"))
+    gptpipe(env, "--params", str(long), "--until", "evaluate", "--set", "tracking.registered_model=tiny-long")
+    return finetune(env, "--params", str(chat_params(root)))
+
+
+def test_a_chat_fine_tune_learns_the_answers_and_registers_a_model_that_carries_its_template(
+    workspace: Workspace,
+    chat: subprocess.CompletedProcess[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tokenizers import Tokenizer
+
+    from gptcore.chat import template
+    from tasks.tracking.models.model_uri import model_files_of
+
+    assert chat.returncode == 0, chat.stderr[-3000:]
+    (report,) = reports(chat)
+    assert report["base"]["figures"]["base_model_uri"] == "models:/tiny-long@champion"
+    tokens = report["tokens"]["figures"]
+    assert tokens["train_conversations"] > 0 and tokens["test_conversations"] > 0
+    assert 0 < tokens["train_trained_tokens"] < tokens["train_tokens"], "the answers alone are targets"
+    figures = report["before-after"]["figures"]
+    assert figures["new_test_bits_per_byte_after"] < figures["new_test_bits_per_byte_before"], "learned"
+    assert 0 <= figures["new_test_answer_score_after"] <= 1 and figures["new_test_questions"] > 0
+    assert figures["base_test_bits_per_byte_before"] is not None, "forgetting, on the base's own text"
+    assert "held-out answers starting right" in chat.stderr
+    client = workspace.client()
+    version = client.get_model_version_by_alias("gptpipe-iteration-1-chat", "champion")
+    assert version.tags["finetune.format"] == "chat" and version.tags["lora.train_embedding"] == "True"
+    assert version.tags["base_model_uri"] == "models:/tiny-long@champion"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", workspace.env["MLFLOW_TRACKING_URI"])
+    files = model_files_of("models:/gptpipe-iteration-1-chat@champion", into=tmp_path)
+    assert (files.tokenizer.parent / template.CHAT_TEMPLATE_FILE).read_text() == template.JINJA
+    assert template.has_chat_tokens(Tokenizer.from_file(str(files.tokenizer)))
+    answers = Path(next(p for p in report["before-after"]["outputs"] if p.endswith("answers.md")))
+    assert answers.read_text().startswith("# Held-out questions, answered before and after")

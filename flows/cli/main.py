@@ -1,10 +1,10 @@
 """`gptpipe`: the command line, a thin door onto flows and gptcore.
 
 The commands are plain functions in `pipeline.py` (run, sweep, scale, finetune), `train.py` (device, train,
-generate), `models.py` (merge, import, models, serve, export, quantize, benchmark), `tracking.py` (ui,
-compare, tracking replay) and `servers.py` (servers), registered here and nowhere else; what several take
-alike (the parameter file, choices from the config's types) is in `options.py`. They import
-heavy libraries (torch, Prefect, MLflow) only when they run, so `gptpipe --help` and bad flags answer
+generate), `chat.py` (chat), `models.py` (merge, import, models, serve, export, quantize, benchmark),
+`tracking.py` (ui, compare, tracking replay) and `servers.py` (servers), registered here and nowhere else;
+what several take alike (the parameter file, choices from the config's types) is in `options.py`. They
+import heavy libraries (torch, Prefect, MLflow) only when they run, so `gptpipe --help` and bad flags answer
 quickly. Every failure a user can act on comes out as one line on stderr and a non-zero exit, never a
 traceback.
 """
@@ -66,6 +66,7 @@ def _register_commands() -> None:
     """Every command, in the order `--help` lists them; each module defines plain functions."""
     if app.registered_commands:
         return
+    from flows.cli.chat import chat_command
     from flows.cli.models import (
         benchmark_command,
         export_command,
@@ -91,6 +92,7 @@ def _register_commands() -> None:
         ("device", device_command),
         ("train", train_command),
         ("generate", generate_command),
+        ("chat", chat_command),
         ("serve", serve_command),
         ("export", export_command),
         ("quantize", quantize_command),

@@ -45,8 +45,24 @@ def parse(value: Any) -> Conversation:
     """A conversation from its JSON value, or ValueError saying in a few words what is wrong with it."""
     if not isinstance(value, dict) or not isinstance(value.get("messages"), list):
         raise ValueError('not an object with a "messages" list')
+    messages = _messages(value["messages"])
+    _check_turns(messages)
+    return Conversation(tuple(messages))
+
+
+def parse_prompt(value: Any) -> Conversation:
+    """A chat request's messages (a list, as OpenAI's body holds them), which end on the user's turn the
+    model answers; ValueError saying in a few words what is wrong with them."""
+    if not isinstance(value, list):
+        raise ValueError("expected a list of messages, each with a role and a content")
+    messages = _messages(value)
+    _check_turns(messages, last="user")
+    return Conversation(tuple(messages))
+
+
+def _messages(items: list[Any]) -> list[Message]:
     messages = []
-    for index, item in enumerate(value["messages"]):
+    for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise ValueError(f"message {index} is not an object")
         role, content = item.get("role"), item.get("content")
@@ -55,13 +71,12 @@ def parse(value: Any) -> Conversation:
         if not isinstance(content, str) or not content.strip():
             raise ValueError(f"message {index} ({role}): content must be non-empty text")
         messages.append(Message(role, content))
-    _check_turns(messages)
-    return Conversation(tuple(messages))
+    return messages
 
 
-def _check_turns(messages: list[Message]) -> None:
-    """System first if at all, then user and assistant taking turns from a user's, ending on an
-    assistant's: the shape every chat template renders and a fine-tune learns from."""
+def _check_turns(messages: list[Message], last: Role = "assistant") -> None:
+    """System first if at all, then user and assistant taking turns from a user's, ending on `last`'s:
+    an assistant's for a conversation a fine-tune learns from, a user's for a question to answer."""
     turns = messages[1:] if messages and messages[0].role == "system" else messages
     if not turns:
         raise ValueError("no user or assistant message")
@@ -70,8 +85,9 @@ def _check_turns(messages: list[Message]) -> None:
         if message.role != expected:
             at = index + len(messages) - len(turns)
             raise ValueError(f"message {at} is {message.role}'s where {expected}'s turn comes")
-    if turns[-1].role != "assistant":
-        raise ValueError("the last message is the user's: nothing to learn to answer")
+    if turns[-1].role != last:
+        why = "nothing to learn to answer" if last == "assistant" else "the model answers a user's message"
+        raise ValueError(f"the last message is the {turns[-1].role}'s: {why}")
 
 
 def read(path: Path) -> Iterator[Conversation]:

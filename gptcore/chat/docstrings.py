@@ -94,17 +94,21 @@ def _arguments(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> s
     return ast.unparse(arguments)
 
 
-def split_of(module: str, validation_fraction: float, test_fraction: float) -> str:
-    """The split of a module: drawn by a hash of its top-level package, the same on every machine."""
-    package = module.split(".")[0]
-    draw = int.from_bytes(hashlib.sha256(package.encode()).digest()[:8], "big") / 2**64
+def split_of(key: str, validation_fraction: float, test_fraction: float, seed: int = 1337) -> str:
+    """The split of `key` (a module's top-level package; any text): drawn by a hash of the seed and the
+    key, the same on every machine."""
+    draw = int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big") / 2**64
     if draw < test_fraction:
         return "test"
     return "validation" if draw < test_fraction + validation_fraction else "train"
 
 
 def build(
-    files: list[Path], root: Path, validation_fraction: float = 0.1, test_fraction: float = 0.1
+    files: list[Path],
+    root: Path,
+    validation_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    seed: int = 1337,
 ) -> dict[str, list[Conversation]]:
     """The conversations of `files` (stdlib sources under `root`) by split, in the files' order."""
     splits: dict[str, list[Conversation]] = {split: [] for split in SPLITS}
@@ -113,7 +117,7 @@ def build(
         if module is None:
             continue
         source = path.read_text(encoding="utf-8", errors="replace")
-        split = splits[split_of(module, validation_fraction, test_fraction)]
+        split = splits[split_of(module.split(".")[0], validation_fraction, test_fraction, seed)]
         for item in documented(module, source):
             split.extend(item.conversations())
     return splits

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer
 
@@ -26,6 +27,7 @@ from gptcore.errors import DataError
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 END_OF_TURN = "<|end|>"
 SPECIAL_TOKENS = (*ROLE_TOKENS.values(), END_OF_TURN)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # beside a chat model's tokenizer, as transformers names it
 
 # transformers renders it in a sandboxed Jinja environment (trim_blocks, lstrip_blocks): no whitespace
 # outside the tags, so the text is exactly `render`'s.
@@ -83,3 +85,19 @@ def encode(tokenizer: Tokenizer, messages: Sequence[Message], add_generation_pro
         ids.append(special[ROLE_TOKENS["assistant"]])
         trained.append(False)
     return Encoded(ids, trained)
+
+
+def chat_template_of(folder: Path) -> str | None:
+    """The chat template stored in a model's folder (None: a model without one cannot chat)."""
+    path = Path(folder) / CHAT_TEMPLATE_FILE
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def fitting(tokenizer: Tokenizer, messages: Sequence[Message], window: int, room: int) -> list[Message]:
+    """The latest turns of `messages` (a system message kept) whose prompt leaves `room` tokens of the
+    `window` for the answer: the oldest exchanges go first, the last question never."""
+    system = [m for m in messages[:1] if m.role == "system"]
+    turns = list(messages[len(system) :])
+    while len(turns) > 1 and len(encode(tokenizer, [*system, *turns], True).ids) + room > window:
+        turns = turns[2:]  # a question and its answer
+    return [*system, *turns]

@@ -59,7 +59,7 @@ def write_adapter(checkpoint: Path, folder: Path) -> Path:
     record = ckpt.checkpoint_metadata(checkpoint)
     settings = adapters_of(Path(checkpoint), record)
     folder.mkdir(parents=True, exist_ok=True)
-    adapter = adapter_weights(ckpt.load_checkpoint(checkpoint)["model"])
+    adapter = adapter_weights(ckpt.load_checkpoint(checkpoint)["model"], settings.train_embedding)
     save_file({name: tensor.contiguous() for name, tensor in adapter.items()}, str(folder / ADAPTER))
     method = "qlora" if isinstance(settings, QLoRAConfig) else "lora"
     described = {

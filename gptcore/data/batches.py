@@ -5,6 +5,10 @@ An epoch is one pass over the examples in an order shuffled from (seed, epoch) a
 any step is known without replaying the ones before it (what exact resume and, later, data-parallel
 ranks need). An optimizer step takes the next `global_batch` examples of the order; the remainder of an
 epoch that does not fill a step is dropped.
+
+A stream with a loss mask (conversations: `gptcore.chat.tokens`) gives targets of `IGNORE` where the
+mask is 0, so the model reads a prompt without being trained to write it; its examples are the stream's
+own whole windows (`example_tokens`), which must be this model's `block_size + 1`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from gptcore.data.tokenfile import TokenStream, check_vocabulary, open_tokens
 from gptcore.distributed.group import rank_micro_batches
 from gptcore.errors import DataError
+from gptcore.model.cross_entropy import IGNORE
 
 
 @dataclass(frozen=True)
@@ -43,15 +48,34 @@ class ExampleSet:
         """Tokens the examples cover (what the model sees)."""
         return self.count * self.window
 
+    @property
+    def masked(self) -> bool:
+        """Whether some positions have no target (the stream's loss mask)."""
+        return self.stream.mask is not None
+
+    def _offsets(self, indices: np.ndarray) -> np.ndarray:
+        return indices.astype(np.int64)[:, None] * self.window + np.arange(self.window, dtype=np.int64)
+
     def gather(self, indices: np.ndarray) -> torch.Tensor:
         """The windows of the given examples as one (len(indices), T+1) int64 tensor."""
-        offsets = indices.astype(np.int64)[:, None] * self.window + np.arange(self.window, dtype=np.int64)
-        return torch.from_numpy(np.asarray(self.stream.tokens[offsets], dtype=np.int64))
+        return torch.from_numpy(np.asarray(self.stream.tokens[self._offsets(indices)], dtype=np.int64))
+
+    def targets(self, indices: np.ndarray, window: torch.Tensor) -> torch.Tensor:
+        """The targets of the examples whose `window` (from `gather`) is given: its last T tokens, each
+        `IGNORE` where the loss mask says the model only reads it."""
+        if self.stream.mask is None:
+            return window[:, 1:]
+        mask = torch.from_numpy(np.asarray(self.stream.mask[self._offsets(indices)[:, 1:]], dtype=np.bool_))
+        return window[:, 1:].masked_fill(~mask, IGNORE)
 
     def target_tokens(self) -> np.ndarray:
         """Every target token of every example, in order (for the unigram baseline)."""
         covered = np.asarray(self.stream.tokens[: self.token_count]).reshape(self.count, self.window)
-        return covered[:, 1:].reshape(-1)
+        targets = covered[:, 1:].reshape(-1)
+        if self.stream.mask is None:
+            return targets
+        mask = np.asarray(self.stream.mask[: self.token_count]).reshape(self.count, self.window)
+        return targets[mask[:, 1:].reshape(-1).astype(bool)]
 
 
 def open_examples(
@@ -65,6 +89,12 @@ def open_examples(
     refusing ids outside the vocabulary and streams too short for one example."""
     stream = source if isinstance(source, TokenStream) else open_tokens(source)
     check_vocabulary(stream, vocab_size)
+    whole = stream.manifest.example_tokens if stream.manifest is not None else None
+    if whole is not None and whole != block_size + 1:
+        raise DataError(
+            f"{stream.path}: holds examples of {whole} tokens (block_size {whole - 1}), not this model's "
+            f"block_size + 1 = {block_size + 1}: build the token files for its block_size"
+        )
     if examples_in(len(stream), block_size) == 0:
         raise DataError(
             f"{stream.path}: {len(stream)} {what} tokens hold no example of block_size + 1 = {block_size + 1}"
@@ -132,13 +162,21 @@ class BatchLoader:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="batches") if workers > 0 else None
         self.lookahead = 2 * workers
 
-    def _host(self, indices: np.ndarray) -> torch.Tensor:
+    def _host(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The examples' windows, and their masked targets where the set has a loss mask (else None: the
+        targets are a view of the window, moved with it)."""
         window = self.examples.gather(indices)
-        return window.pin_memory() if self.pin_memory else window
+        targets = self.examples.targets(indices, window) if self.examples.masked else None
+        if self.pin_memory:
+            window = window.pin_memory()
+            targets = targets.pin_memory() if targets is not None else None
+        return window, targets
 
-    def _to_device(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        window = window.to(self.device, non_blocking=self.pin_memory)
-        return window[:, :-1], window[:, 1:]
+    def _to_device(self, host: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        window = host[0].to(self.device, non_blocking=self.pin_memory)
+        if host[1] is None:
+            return window[:, :-1], window[:, 1:]
+        return window[:, :-1], host[1].to(self.device, non_blocking=self.pin_memory)
 
     def batches(self, plan: Iterator[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.pool is None:

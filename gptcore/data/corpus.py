@@ -106,8 +106,7 @@ def stdlib_files() -> list[Path]:
     )
 
 
-def _expand(entry: str, index: int) -> list[Path]:
-    where = f"corpus.paths[{index}] {entry!r}"
+def _expand(entry: str, where: str) -> list[Path]:
     if _GLOB_CHARS & set(entry):
         matches = [Path(match) for match in glob.glob(entry, recursive=True)]
         files = sorted(path for path in matches if path.is_file())
@@ -131,9 +130,15 @@ def _expand(entry: str, index: int) -> list[Path]:
 
 def local_files(cfg: CorpusConfig) -> list[Path]:
     """Every file the local source names, in the order given (folders and globs sorted), once each."""
+    return expand_paths(cfg.paths, "corpus.paths")
+
+
+def expand_paths(entries: list[str], key: str) -> list[Path]:
+    """Every file that `entries` (files, folders, globs) name, in order (folders and globs sorted), once
+    each; a DataError naming `key[index]` for an entry that names none."""
     seen: dict[Path, None] = {}
-    for index, entry in enumerate(cfg.paths):
-        for path in _expand(entry, index):
+    for index, entry in enumerate(entries):
+        for path in _expand(entry, f"{key}[{index}] {entry!r}"):
             seen.setdefault(path.resolve(), None)
     return list(seen)
 

@@ -5,6 +5,10 @@ each stream lies `<name>.manifest.json`: dtype, counts, vocabulary, tokenizer ha
 format version. A sharded split is its manifest alone (`train.manifest.json`) listing its shards
 (`train-000000.bin`, ...), read as one stream: every shard is checked for size and sha256 when opened.
 The reader also takes bare `.bin` streams (uint16) and `.pt` files holding a 1-D tensor.
+
+A stream of conversations (`gptcore.chat.tokens`) carries a loss mask beside it (`<name>.loss_mask.bin`,
+one uint8 a token: 1 where the token is one the model is trained to write, an assistant's) and is laid
+out as whole examples of `example_tokens` tokens each, so an example never starts inside a conversation.
 """
 
 from __future__ import annotations
@@ -44,11 +48,16 @@ class TokenFileManifest:
     end_of_text_id: int | None = None  # the separator written after every document
     text_bytes: int | None = None  # the documents' UTF-8 bytes (bits per byte = nats / (ln 2 x bytes))
     shards: list[Shard] | None = None  # a sharded split: its shards in order
+    loss_mask: str | None = None  # the loss mask's file beside the stream; None: every token is a target
+    trained_tokens: int | None = None  # tokens the mask marks (their text is `text_bytes`); None: all
+    example_tokens: int | None = None  # the stream is whole examples of this many tokens; None: any cut
 
     @property
     def tokens_per_byte(self) -> float | None:
-        """Tokens (separators included) per byte of text; None where the manifest does not know."""
-        return self.token_count / self.text_bytes if self.text_bytes else None
+        """Tokens (separators included) per byte of text, of the trained tokens alone for a masked
+        stream (`text_bytes` is then their text's); None where the manifest does not know."""
+        tokens = self.trained_tokens if self.trained_tokens is not None else self.token_count
+        return tokens / self.text_bytes if self.text_bytes else None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -88,6 +97,7 @@ class TokenStream:
     path: Path
     tokens: np.ndarray
     manifest: TokenFileManifest | None
+    mask: np.ndarray | None = None  # uint8, 1 where the token is a target (`loss_mask`); None: every one
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -166,7 +176,18 @@ def open_tokens(path: str | Path) -> TokenStream:
         )
     if count == 0:
         raise DataError(f"{path}: token file is empty")
-    return TokenStream(path, np.memmap(path, dtype=dtype, mode="r"), manifest)
+    mask = _open_mask(path, manifest, count) if manifest is not None and manifest.loss_mask else None
+    return TokenStream(path, np.memmap(path, dtype=dtype, mode="r"), manifest, mask)
+
+
+def _open_mask(path: Path, manifest: TokenFileManifest, count: int) -> np.ndarray:
+    """The loss mask a manifest names beside its stream: one uint8 a token."""
+    mask = path.parent / str(manifest.loss_mask)
+    if not mask.is_file():
+        raise DataError(f"{mask}: the loss mask named by {manifest_path(path).name} is missing")
+    if mask.stat().st_size != count:
+        raise DataError(f"{mask}: {mask.stat().st_size} bytes, not one a token of {path.name} ({count})")
+    return np.memmap(mask, dtype=np.uint8, mode="r")
 
 
 def _open_shards(path: Path, manifest: TokenFileManifest) -> ShardedTokens:

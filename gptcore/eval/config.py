@@ -42,6 +42,12 @@ class EvaluateConfig(Strict):
     max_tokens: int | None = Field(
         default=None, ge=1, description="evaluate the test stream's first N tokens only (None: all)"
     )
+    questions: int | None = Field(
+        default=200,
+        ge=1,
+        description="a chat model's held-out questions answered greedily for its answer score "
+        "(gptcore.eval.answers), the test split's first N (None: all)",
+    )
     benchmarks: list[BenchmarkTask] = Field(
         default_factory=list, description="lm-evaluation-harness tasks scored on the model (empty: none)"
     )

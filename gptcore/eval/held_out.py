@@ -7,6 +7,8 @@ smoke gate, so its loss is the honest estimate of how the model does on text it 
   of `block_size` predicted tokens (the last window shorter), so every token is predicted exactly once.
 - `test_bits_per_byte`: the summed nats / (ln 2 x the test documents' UTF-8 bytes), comparable across
   tokenizers and vocabulary sizes.
+- a split of conversations (a loss mask beside its stream) is read in its own whole examples and scored on
+  the assistant's tokens alone: nats per assistant token, bits per byte of the assistant's text.
 - the unigram baseline on the same split (the training targets' token frequencies), in both units.
 - samples: greedy and sampled continuations of a fixed list of prompts, the first tokens of the test
   split's first documents, so two models of one iteration answer the same prompts.
@@ -111,16 +113,47 @@ def stream_bits_per_byte(stream: TokenStream, nats: float, predicted: int) -> fl
     manifest = stream.manifest
     if manifest is None or predicted == 0:
         return None
-    if manifest.text_bytes and predicted == len(stream) - 1:
+    whole = manifest.trained_tokens if manifest.trained_tokens is not None else len(stream) - 1
+    if manifest.text_bytes and predicted == whole:
         return nats / (math.log(2) * manifest.text_bytes)
     return bits_per_byte(nats / predicted, manifest.tokens_per_byte)
+
+
+@torch.no_grad()
+def masked_nats(
+    model: GPT, stream: TokenStream, batch_size: int, max_tokens: int | None = None
+) -> tuple[float, int]:
+    """Summed cross-entropy (nats) over the targets of a masked stream's examples (its first `max_tokens`
+    tokens' worth of whole examples, or all), and how many targets that is."""
+    from gptcore.data.batches import open_examples
+    from gptcore.model.cross_entropy import trained_count
+
+    examples = open_examples(stream, model.config.block_size, model.config.vocab_size, what="test")
+    count = (
+        examples.count if max_tokens is None else min(examples.count, max(1, max_tokens // examples.window))
+    )
+    device = next(model.parameters()).device
+    total, targets = 0.0, 0
+    for first in range(0, count, batch_size):
+        indices = np.arange(first, min(first + batch_size, count))
+        window = examples.gather(indices)
+        wanted = examples.targets(indices, window).to(device)
+        _, loss = model(window[:, :-1].to(device), wanted, loss_only=True)
+        counted = int(trained_count(wanted))
+        total, targets = total + float(loss.double()) * counted, targets + counted
+    return total, targets
 
 
 def stream_figures(
     model: GPT, stream: TokenStream, settings: EvaluateConfig
 ) -> tuple[float, float | None, int]:
     """(loss in nats per token, bits per byte, tokens predicted) of `model` on a token stream: its first
-    `settings.max_tokens` tokens, or all of them."""
+    `settings.max_tokens` tokens, or all of them (a masked stream: its targets alone, in whole examples)."""
+    if stream.mask is not None:
+        nats, predicted = masked_nats(model, stream, settings.batch_size, settings.max_tokens)
+        if predicted == 0:
+            raise DataError(f"{stream.path}: no target to evaluate in its examples")
+        return nats / predicted, stream_bits_per_byte(stream, nats, predicted), predicted
     nats, predicted = summed_nats(model, stream.tokens, settings.batch_size, settings.max_tokens)
     if predicted == 0:
         raise DataError(f"{stream.path}: too few tokens to evaluate ({len(stream)})")

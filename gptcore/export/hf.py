@@ -14,7 +14,8 @@ a profile without biases exports zero biases, which compute the same. Nothing he
   end-of-text id).
   (`LlamaConfig`, `Qwen3Config`: `gptcore.export.hf_llama`.)
 - `model.safetensors`: the weights under the layout's names.
-- `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`: a `PreTrainedTokenizerFast`.
+- `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`: a `PreTrainedTokenizerFast`; a
+  chat model's `tokenizer_config.json` holds its `chat_template`, and its generation ends at `<|end|>`.
 - `generation_config.json`: bos/eos/pad = end-of-text.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from gptcore.chat.template import END_OF_TURN, chat_template_of
 from gptcore.data.tokenfile import check_tokenizer
 from gptcore.errors import ConfigError, DataError
 from gptcore.export.hf_llama import HOLDS, check_llama, llama_config, llama_state_dict
@@ -111,6 +113,18 @@ def end_of_text_of(tokenizer_path: Path) -> tuple[int, str]:
     return int(special[0]["id"]), str(special[0]["content"])
 
 
+def chat_of(tokenizer_path: Path) -> tuple[str, int] | None:
+    """A chat model's template (stored beside its tokenizer) and its end-of-turn id; None: no chat."""
+    template = chat_template_of(Path(tokenizer_path).parent)
+    if template is None:
+        return None
+    data = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+    ids = {token["content"]: int(token["id"]) for token in data.get("added_tokens", [])}
+    if END_OF_TURN not in ids:
+        raise DataError(f"{tokenizer_path}: a chat template beside it, but no {END_OF_TURN} token in it")
+    return template, ids[END_OF_TURN]
+
+
 def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = False) -> Path:
     """Write the Hugging Face folder for `model` at `output`; an existing non-empty folder is refused
     unless `force`. Returns the folder."""
@@ -129,19 +143,22 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
         shutil.copyfile(tokenizer_path, folder / "tokenizer.json")
         specials = {"bos_token": eot, "eos_token": eot, "unk_token": eot}
         _json(folder / "special_tokens_map.json", specials)
-        _json(
-            folder / "tokenizer_config.json",
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "model_max_length": model.config.block_size,
-                "clean_up_tokenization_spaces": False,
-                **specials,
-            },
-        )
+        chat = chat_of(tokenizer_path)
+        tokenizer_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": model.config.block_size,
+            "clean_up_tokenization_spaces": False,
+            **specials,
+        }
+        if chat is not None:  # apply_chat_template renders what gptpipe encodes (gptcore.chat.template)
+            tokenizer_config["chat_template"] = chat[0]
+        _json(folder / "tokenizer_config.json", tokenizer_config)
+        ends = [eot_id] if chat is None else [eot_id, chat[1]]  # a chat model's answer ends at <|end|>
         _json(
             folder / "generation_config.json",
-            {"bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id, "do_sample": False},
-        )
+            {"bos_token_id": eot_id, "eos_token_id": ends if chat else eot_id, "pad_token_id": eot_id,
+             "do_sample": False},
+        )  # fmt: skip
         publish_directory(folder, output)
     return output
 

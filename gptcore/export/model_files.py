@@ -2,7 +2,8 @@
 
 `model.safetensors` holds the weights alone (no optimizer, no pickled objects; the output head, tied to
 the token embedding, stored once), `model_config.json` the architecture, and `tokenizer.json` the
-tokenizer the model was trained with. A quantized model (`gptcore.model.quantization`) adds
+tokenizer the model was trained with, and a chat model's `chat_template.jinja` (the template beside its
+tokenizer travels with it). A quantized model (`gptcore.model.quantization`) adds
 `quantization.json`
 naming its method; an int8 one keeps its weights in `model.pt` instead (torchao's int8 tensors are not
 plain tensors, which safetensors requires; `torch.load(weights_only=True)` reads them, nothing else).
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gptcore.chat.template import CHAT_TEMPLATE_FILE
 from gptcore.errors import DataError
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
@@ -37,6 +39,7 @@ class ModelFiles:
     config: Path
     tokenizer: Path
     quantization: Path | None = None  # absent: the trained fp32 weights
+    chat_template: Path | None = None  # a chat model's (gptcore.chat.template); absent: it cannot chat
 
     @property
     def method(self) -> str:
@@ -51,6 +54,8 @@ class ModelFiles:
         files = {"weights": self.weights, "config": self.config, "tokenizer": self.tokenizer}
         if self.quantization is not None:
             files["quantization"] = self.quantization
+        if self.chat_template is not None:
+            files["chat_template"] = self.chat_template
         return {name: str(path) for name, path in files.items()}
 
 
@@ -97,13 +102,20 @@ def with_config(
     config_file = folder / CONFIG
     config_file.write_text(json.dumps(config.model_dump(), indent=2), encoding="utf-8")
     copied = folder / TOKENIZER
+    chat_template = None
     if tokenizer is not None:  # a model trained on synthetic tokens has none
-        shutil.copyfile(tokenizer, copied)
+        if Path(tokenizer).resolve() != copied.resolve():
+            shutil.copyfile(tokenizer, copied)
+        template = Path(tokenizer).with_name(CHAT_TEMPLATE_FILE)
+        if template.is_file():  # a chat model's template travels with its tokenizer
+            chat_template = folder / CHAT_TEMPLATE_FILE
+            if template.resolve() != chat_template.resolve():
+                shutil.copyfile(template, chat_template)
     quantization = None
     if method != "fp32":
         quantization = folder / QUANTIZATION
         quantization.write_text(json.dumps({"method": method}), encoding="utf-8")
-    return ModelFiles(weights, config_file, copied, quantization)
+    return ModelFiles(weights, config_file, copied, quantization, chat_template)
 
 
 def model_files_in(folder: Path) -> ModelFiles:
@@ -113,7 +125,10 @@ def model_files_in(folder: Path) -> ModelFiles:
     int8 = folder / INT8_WEIGHTS
     weights = int8 if int8.is_file() else folder / WEIGHTS
     named = quantization if quantization.is_file() else None
-    return ModelFiles(weights, folder / CONFIG, folder / TOKENIZER, named)
+    template = folder / CHAT_TEMPLATE_FILE
+    return ModelFiles(
+        weights, folder / CONFIG, folder / TOKENIZER, named, template if template.is_file() else None
+    )
 
 
 def model_files_at(folder: Path) -> ModelFiles:

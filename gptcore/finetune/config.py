@@ -13,7 +13,7 @@ from gptcore.tools.strict import Strict
 # keeps GPT-2's names in the modern recipe too, and an imported GPT-2 is read into them): `attn.c_attn`
 # the queries, keys and values (one fused layer), `attn.c_proj` attention's output, `mlp.c_fc` the MLP's
 # input (up; SwiGLU's gate and up fused), `mlp.c_proj` its output (down). The embedding and the output
-# head are never adapted.
+# head are never adapted: they train whole, or not at all (`train_embedding`).
 LoRATarget = Literal["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
 # The same layers by role, as a parameter file may name them; read as the layers' names, so a run's
 # identity and its adapter's files are the same whichever way the file said it.
@@ -38,6 +38,13 @@ class LoRAConfig(Strict):
         description="the layers adapted in every block, the same in every recipe, by role or name: qkv "
         "(attn.c_attn: query, key and value), attention_output (attn.c_proj), mlp_up (mlp.c_fc: the MLP's "
         "up, and SwiGLU's gate), mlp_down (mlp.c_proj)",
+    )
+
+    train_embedding: bool = Field(
+        default=False,
+        description="the token embedding (and an untied output head) trains whole beside the adapters, as "
+        "PEFT's modules_to_save: for a base given new tokens (a chat fine-tune sets it), whose rows must "
+        "learn what they mean",
     )
 
     @field_validator("targets", mode="before")

@@ -21,6 +21,8 @@ from gptcore.finetune.config import LoRAConfig
 from gptcore.finetune.qlora import dense_weight
 from gptcore.model.config import ModelConfig
 
+EMBEDDING_WEIGHTS = ("transformer.wte.weight", "lm_head.weight")  # `train_embedding`'s
+
 
 class LoRALinear(nn.Module):
     """A frozen linear layer and its trainable low-rank update."""
@@ -73,6 +75,9 @@ def apply_lora(model: nn.Module, settings: LoRAConfig) -> list[str]:
         parent, attribute = _parent(model, name)
         setattr(parent, attribute, LoRALinear(layer, settings.r, settings.alpha, settings.dropout))
         adapted.append(name)
+    if settings.train_embedding:  # the head tied to it trains with it; an untied one beside it
+        for name in EMBEDDING_WEIGHTS:
+            model.get_parameter(name).requires_grad_(True)
     return adapted
 
 
@@ -110,16 +115,23 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
-def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters' weights alone (`<layer>.lora_a`, `<layer>.lora_b`), copied to the CPU."""
-    return {
-        name: tensor.detach().cpu().clone() for name, tensor in adapter_weights(model.state_dict()).items()
-    }
+def adapter_state_dict(model: nn.Module, embedding: bool = False) -> dict[str, torch.Tensor]:
+    """The adapters' weights alone (`<layer>.lora_a`, `<layer>.lora_b`; the embedding too when it
+    trained: `embedding`), copied to the CPU."""
+    state = adapter_weights(model.state_dict(), embedding)
+    return {name: tensor.detach().cpu().clone() for name, tensor in state.items()}
 
 
-def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapters' entries of an adapted model's state (a checkpoint's `model`)."""
-    return {name: tensor for name, tensor in state.items() if name.endswith((".lora_a", ".lora_b"))}
+def adapter_weights(state: dict[str, torch.Tensor], embedding: bool = False) -> dict[str, torch.Tensor]:
+    """The adapters' entries of an adapted model's state (a checkpoint's `model`), with the embedding
+    (and an untied head: a tied one is the embedding, stored once) when it trained (`embedding`)."""
+    found = {name: tensor for name, tensor in state.items() if name.endswith((".lora_a", ".lora_b"))}
+    if embedding:
+        wte, head = (state[name] for name in EMBEDDING_WEIGHTS)
+        found[EMBEDDING_WEIGHTS[0]] = wte
+        if head.data_ptr() != wte.data_ptr():
+            found[EMBEDDING_WEIGHTS[1]] = head
+    return found
 
 
 def check_adapters(config: ModelConfig, settings: LoRAConfig) -> None:
@@ -133,7 +145,7 @@ def check_adapters(config: ModelConfig, settings: LoRAConfig) -> None:
 
 def load_adapter(model: nn.Module, adapter: dict[str, torch.Tensor]) -> None:
     """Put saved adapter weights into a model `apply_lora` adapted with the same settings."""
-    expected = {name for name, _ in model.named_parameters() if name.endswith((".lora_a", ".lora_b"))}
+    expected = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     if set(adapter) != expected:
         raise ConfigError(
             f"the adapter holds {len(adapter)} weights, this model's adapters {len(expected)}: "

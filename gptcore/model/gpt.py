@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from gptcore.model.config import ModelConfig
-from gptcore.model.cross_entropy import cross_entropy
+from gptcore.model.cross_entropy import cross_entropy, trained_count
 from gptcore.model.kv_cache import KVCache, LayerCache
 from gptcore.model.mlp import MLP
 from gptcore.model.rotary import Rotary, rotate
@@ -208,10 +208,10 @@ class GPT(nn.Module):
             else:
                 summed = self._summed_loss(x[piece], targets[piece])
             total = total + summed
-        return total / targets.numel()
+        return total / trained_count(targets).clamp(min=1)
 
     def _summed_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(self.lm_head(x), targets) * targets.numel()
+        return cross_entropy(self.lm_head(x), targets) * trained_count(targets)
 
 
 def optimizer_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset()) -> list[dict]:

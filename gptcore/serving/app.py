@@ -1,13 +1,15 @@
 """`gptpipe serve`'s HTTP side: an OpenAI-compatible completions API over the batched decode loop.
 
-`POST /v1/completions` (OpenAI's body; `stream` as server-sent events), `GET /v1/models`, `GET /health`,
-`GET /metrics` (Prometheus' text) and `POST /invocations` (MLflow's scoring body, for the clients of
-the MLflow model server). Each prompt of a request becomes a `Sequence` queued on the `Scheduler`; the
-handler waits for its events on the event loop, so thousands of waiting clients cost no thread each.
-A client that leaves, or a request past its deadline, cancels its sequences: their rows in the batch
-are free at the next step. Every refusal is OpenAI's error object with one sentence (400, 401, 404,
-413, 429 with Retry-After, 504); a failure inside is a 500 with one sentence, its traceback in the
-server's log alone. The API key, when one is set, is compared in constant time and never logged.
+`POST /v1/completions` (OpenAI's body; `stream` as server-sent events), `POST /v1/chat/completions` (a chat
+model's answer to OpenAI's messages, rendered in its chat template, ending at its end of turn; streamed the
+same way), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus' text) and `POST /invocations`
+(MLflow's scoring body, for the clients of the MLflow model server). Each prompt of a request becomes a
+`Sequence` queued on the `Scheduler`; the handler waits for its events on the event loop, so thousands of
+waiting clients cost no thread each. A client that leaves, or a request past its deadline, cancels its
+sequences: their rows in the batch are free at the next step. Every refusal is OpenAI's error object with one
+sentence (400, 401, 404, 413, 429 with Retry-After, 504); a failure inside is a 500 with one sentence, its
+traceback in the server's log alone. The API key, when one is set, is compared in constant time and never
+logged.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -33,14 +35,16 @@ from starlette.routing import Route
 from gptcore.serving.config import ServeConfig
 from gptcore.serving.decoder import BatchDecoder
 from gptcore.serving.metrics import ServerMetrics
-from gptcore.serving.requests import BadRequest, Job, completion_job, invocation_job
+from gptcore.serving.requests import BadRequest, Job, chat_job, completion_job, invocation_job
 from gptcore.serving.scheduler import QueueFull, Scheduler
 from gptcore.serving.sequence import Sequence
 from gptcore.serving.served import ServedModel
 from gptcore.tools.records import JSONObject
 
 OPEN_PATHS = ("/health", "/ping")  # answered without the API key: a load balancer's probe carries none
-ENDPOINTS = ("/v1/completions", "/v1/models", "/health", "/ping", "/metrics", "/invocations")
+ENDPOINTS = (
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ping", "/metrics", "/invocations"
+)  # fmt: skip
 LEFT = (-1, "", None)  # the event a request's watcher queues when its client has left
 
 
@@ -71,19 +75,43 @@ class CompletionServer:
         return self.served
 
     def sequences(self, job: Job) -> list[Sequence]:
-        """A sequence per prompt; a prompt longer than the model's window is refused by name."""
+        """A sequence per prompt (a chat request's: its messages in the template, ending at the end of
+        turn); a prompt longer than the model's window is refused by name."""
         served, deadline = self.model, time.monotonic() + self.limits.request_timeout
+        if job.chat is not None:
+            return [self._chat_sequence(job, deadline)]
         sequences = []
         for index, prompt in enumerate(job.prompts):
             ids = served.encode(prompt)
-            if len(ids) > served.window:
-                where = "prompt" if len(job.prompts) == 1 else f"prompt[{index}]"
-                window = served.window
-                message = f"{where}: {len(ids)} tokens is more than this model's window of {window} tokens"
-                raise BadRequest(400, message, "prompt")
+            where = "prompt" if len(job.prompts) == 1 else f"prompt[{index}]"
+            self._fits(ids, where, "prompt")
             end = served.end_of_text if job.stop_at_end_of_text else None
             sequences.append(Sequence(ids, job.sampling, served.tokenizer, end, deadline, stream=job.stream))
         return sequences
+
+    def _chat_sequence(self, job: Job, deadline: float) -> Sequence:
+        served = self.model
+        if served.chat_template is None:
+            message = (
+                f"model: {served.name} has no chat template (it was not chat fine-tuned: "
+                "finetune.format: chat); POST /v1/completions continues text"
+            )
+            raise BadRequest(400, message, "model")
+        assert job.chat is not None
+        ids = served.encode_chat(job.chat)
+        self._fits(ids, "messages", "messages")
+        sampling = job.sampling
+        if job.within_window:
+            sampling = replace(
+                sampling, max_tokens=max(1, min(sampling.max_tokens, served.window - len(ids)))
+            )
+        return Sequence(ids, sampling, served.tokenizer, served.end_of_turn, deadline, stream=job.stream)
+
+    def _fits(self, ids: list[int], where: str, param: str) -> None:
+        window = self.model.window
+        if len(ids) > window:
+            message = f"{where}: {len(ids)} tokens is more than this model's window of {window} tokens"
+            raise BadRequest(400, message, param)
 
 
 @dataclass
@@ -192,8 +220,8 @@ class ModelList:
 class Head:
     """What every completion body and chunk starts with (OpenAI's)."""
 
-    id: str  # cmpl-<hex>
-    object: str  # text_completion
+    id: str  # cmpl-<hex> (chat: chatcmpl-<hex>)
+    object: str  # text_completion (chat: chat.completion, chat.completion.chunk)
     created: int  # Unix time
     model: str  # the served model's name
 
@@ -276,6 +304,19 @@ def create_app(server: CompletionServer) -> Starlette:
         choices = [_choice(index, s.text, s.finish_reason) for index, s in enumerate(waiting.sequences)]
         return JSONResponse({**_head(server), "choices": choices, "usage": waiting.usage()})
 
+    async def chat_completions(request: Request) -> Response:
+        job = chat_job(await read_body(request, limits.max_body_bytes), limits, server.model.name)
+        waiting = Waiting(server, server.sequences(job))
+        waiting.submit()
+        if job.stream:
+            return StreamingResponse(_chat_stream(waiting, job, request), media_type="text/event-stream")
+        if not await _wait(waiting, request):
+            return _timed_out(waiting)
+        [sequence] = waiting.sequences
+        message = {"role": "assistant", "content": sequence.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": sequence.finish_reason}
+        return JSONResponse({**_head(server, CHAT), "choices": [choice], "usage": waiting.usage()})
+
     async def invocations(request: Request) -> Response:
         job = invocation_job(await read_body(request, limits.max_body_bytes), limits)
         waiting = Waiting(server, server.sequences(job))
@@ -290,6 +331,7 @@ def create_app(server: CompletionServer) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/invocations", invocations, methods=["POST"]),
     ]
     return Starlette(
@@ -383,11 +425,16 @@ COMPLETION_IDS = itertools.count()
 ID_PREFIX = secrets.token_hex(6)  # one random prefix a process, a counter after it: unique, cheap
 
 
-def _head(server: CompletionServer) -> dict[str, str | int]:
+# What an id starts with and what `object` says, for each kind of body (OpenAI's).
+TEXT = ("cmpl", "text_completion")
+CHAT = ("chatcmpl", "chat.completion")
+CHAT_CHUNK = ("chatcmpl", "chat.completion.chunk")
+
+
+def _head(server: CompletionServer, kind: tuple[str, str] = TEXT) -> dict[str, str | int]:
     """The head of a completion body or chunk, as its body holds it (`Head`'s fields)."""
-    head = Head(
-        f"cmpl-{ID_PREFIX}{next(COMPLETION_IDS):08x}", "text_completion", int(time.time()), server.model.name
-    )
+    prefix, name = kind
+    head = Head(f"{prefix}-{ID_PREFIX}{next(COMPLETION_IDS):08x}", name, int(time.time()), server.model.name)
     return dict(vars(head))  # vars, not asdict: a flat record needs no deep copy
 
 
@@ -411,6 +458,32 @@ async def _stream(waiting: Waiting, job: Job, request: Request) -> AsyncIterator
             yield _event({**head, "choices": [], "usage": waiting.usage()})
         yield "data: [DONE]\n\n"
     finally:  # the client left mid-stream (the response task is cancelled): free the rows now
+        waiting.cancel()
+
+
+async def _chat_stream(waiting: Waiting, job: Job, request: Request) -> AsyncIterator[str]:
+    """A chat answer as server-sent events, as OpenAI sends them: a first chunk with the role, a chunk
+    per piece of the answer, one with the finish reason, the usage when asked, then `[DONE]`."""
+    head = _head(waiting.server, CHAT_CHUNK)
+
+    def chunk(delta: dict[str, str], reason: str | None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return _event({**head, "choices": [choice]})
+
+    try:
+        yield chunk({"role": "assistant", "content": ""}, None)
+        async for _, delta, reason in waiting.until_done(request):
+            if delta:
+                yield chunk({"content": delta}, None)
+            if reason in ("stop", "length"):
+                yield chunk({}, reason)
+        if not all(s.finish_reason in ("stop", "length") for s in waiting.sequences):
+            status, message = _unfinished(waiting)
+            yield _event(error_body(message, status))
+        elif job.include_usage:
+            yield _event({**head, "choices": [], "usage": waiting.usage()})
+        yield "data: [DONE]\n\n"
+    finally:  # the client left mid-stream: free the row now
         waiting.cancel()
 
 

@@ -1,6 +1,7 @@
 """The bodies a completions server takes, checked into prompts and sampling settings.
 
-`POST /v1/completions` takes OpenAI's completions body (`CompletionBody`); `POST /invocations` takes
+`POST /v1/completions` takes OpenAI's completions body (`CompletionBody`), `POST /v1/chat/completions`
+its chat completions body (`ChatBody`: the messages, in the chat template); `POST /invocations` takes
 MLflow's scoring body (`{"inputs": [...], "params": {...}}`, or a one-column `dataframe_split`,
 `dataframe_records`, `instances`), as the MLflow model of `tasks/tracking/models/gpt_pyfunc.py` does.
 Anything else is a `BadRequest`: a status and one sentence naming the field, the value and what is
@@ -16,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gptcore.chat.conversations import Conversation, parse_prompt
 from gptcore.generate import DEFAULT_COMPLETION
 from gptcore.serving.config import ServeConfig
 from gptcore.serving.sequence import Sampling
@@ -56,6 +58,29 @@ class CompletionBody(BaseModel):
     ignore_eos: bool = False  # vLLM's extension: go on past the end-of-text token (benchmarks use it)
 
 
+class ChatBody(BaseModel):
+    """OpenAI's chat completions request; unknown fields pass, as OpenAI's own server lets them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: Any  # checked by `gptcore.chat.conversations.parse_prompt`, which says what it takes
+    max_tokens: int | None = Field(default=None, ge=1)  # the older name of max_completion_tokens
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's extension: -1 or 0 for none
+    seed: int | None = Field(default=None, ge=0, le=LARGEST_SEED)
+    stop: Any = None  # a string or up to 4
+    stream: bool = False
+    stream_options: dict[str, bool] | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    logprobs: bool = Field(default=False, le=False)
+    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
+    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
+    user: str | None = None
+
+
 class InvocationParams(BaseModel):
     """MLflow's `params` as the logged model's signature names them."""
 
@@ -69,37 +94,66 @@ class InvocationParams(BaseModel):
 
 @dataclass(frozen=True)
 class Job:
-    """A request's prompts and how each is completed."""
+    """A request's prompts (or a chat request's conversation) and how each is completed."""
 
     prompts: list[str]
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
     stop_at_end_of_text: bool = True  # MLflow's body always gets max_new_tokens, as its model gives them
+    chat: Conversation | None = None  # a chat request's messages: its one prompt, in the template
+    within_window: bool = False  # no length asked: the answer may fill what the prompt leaves of the window
 
 
 def completion_job(body: bytes, limits: ServeConfig, served_name: str) -> Job:
     parsed = _validated(CompletionBody, body)
     if parsed.echo:
         raise BadRequest(400, "echo: true is not supported: the prompt is not repeated (false only)", "echo")
-    if parsed.model not in (None, served_name):
-        message = f"model: {parsed.model!r} is not served here; this server serves {served_name!r}"
-        raise BadRequest(404, message, "model")
+    _check_model(parsed.model, served_name)
     _check_max_tokens(parsed.max_tokens, limits, "max_tokens")
+    sampling = _sampling(parsed, parsed.max_tokens)
+    usage = bool((parsed.stream_options or {}).get("include_usage"))
+    prompts = _prompts(parsed.prompt, limits, "prompt")
+    return Job(prompts, sampling, parsed.stream, usage, stop_at_end_of_text=not parsed.ignore_eos)
+
+
+def chat_job(body: bytes, limits: ServeConfig, served_name: str) -> Job:
+    """A chat completions request: its messages (ending on the user's) and how the answer is sampled;
+    the answer is as long as the window allows unless `max_completion_tokens` (or `max_tokens`) says."""
+    parsed = _validated(ChatBody, body)
+    _check_model(parsed.model, served_name)
+    try:
+        conversation = parse_prompt(parsed.messages)
+    except ValueError as error:
+        raise BadRequest(400, f"messages: {error}", "messages") from None
+    field = "max_completion_tokens" if parsed.max_completion_tokens is not None else "max_tokens"
+    wanted = parsed.max_completion_tokens or parsed.max_tokens or limits.max_tokens_cap
+    _check_max_tokens(wanted, limits, field)
+    usage = bool((parsed.stream_options or {}).get("include_usage"))
+    asked = parsed.max_completion_tokens is not None or parsed.max_tokens is not None
+    sampling = _sampling(parsed, wanted)
+    return Job([], sampling, parsed.stream, usage, chat=conversation, within_window=not asked)
+
+
+def _check_model(named: str | None, served_name: str) -> None:
+    if named not in (None, served_name):
+        message = f"model: {named!r} is not served here; this server serves {served_name!r}"
+        raise BadRequest(404, message, "model")
+
+
+def _sampling(parsed: CompletionBody | ChatBody, max_tokens: int) -> Sampling:
+    """The sampling settings both OpenAI bodies share, the stop strings checked."""
     stops = [parsed.stop] if isinstance(parsed.stop, str) else parsed.stop or []
     if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
         raise BadRequest(400, f"stop: {stops!r} is not allowed: up to 4 strings, none empty", "stop")
-    sampling = Sampling(
-        max_tokens=parsed.max_tokens,
+    return Sampling(
+        max_tokens=max_tokens,
         temperature=parsed.temperature,
         top_k=parsed.top_k if parsed.top_k and parsed.top_k > 0 else None,
         top_p=parsed.top_p,
         seed=parsed.seed,
         stop=tuple(stops),
     )
-    usage = bool((parsed.stream_options or {}).get("include_usage"))
-    prompts = _prompts(parsed.prompt, limits, "prompt")
-    return Job(prompts, sampling, parsed.stream, usage, stop_at_end_of_text=not parsed.ignore_eos)
 
 
 def invocation_job(body: bytes, limits: ServeConfig) -> Job:

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gptcore.chat.conversations import Conversation
 from gptcore.data.config import TokenizerConfig
 from gptcore.errors import ConfigError, DataError
 from gptcore.export.model_files import ModelFiles
@@ -23,6 +24,8 @@ class ServedModel:
     tokenizer: Any  # tokenizers.Tokenizer
     method: str  # fp32, bf16, int8-weight-only, ...
     end_of_text: int | None  # the token that ends a text, when the tokenizer has it
+    chat_template: str | None = None  # a chat model's (`chat_template.jinja`); None: it cannot chat
+    end_of_turn: int | None = None  # the token that ends a chat model's answer
 
     @property
     def window(self) -> int:
@@ -30,6 +33,12 @@ class ServedModel:
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt).ids or [self.end_of_text or 0]  # an empty prompt: a start
+
+    def encode_chat(self, conversation: Conversation) -> list[int]:
+        """A chat request's messages in the template, ending on the prompt for the answer."""
+        from gptcore.chat.template import encode
+
+        return encode(self.tokenizer, conversation.messages, add_generation_prompt=True).ids
 
 
 def check_files(files: ModelFiles, source: str) -> None:
@@ -53,6 +62,7 @@ def load_served(files: ModelFiles, name: str, device: str = "cpu") -> ServedMode
     """The model the files hold on `device`, in the precision it was registered with."""
     from tokenizers import Tokenizer
 
+    from gptcore.chat.template import END_OF_TURN, has_chat_tokens
     from gptcore.export.model_files import read_model_files
 
     check_files(files, name)
@@ -64,4 +74,8 @@ def load_served(files: ModelFiles, name: str, device: str = "cpu") -> ServedMode
     except Exception:  # the Rust loader raises a bare Exception for any malformed file
         raise DataError(f"--model {name}: {files.tokenizer.name} is not a loadable tokenizer") from None
     end_of_text = tokenizer.token_to_id(TokenizerConfig().end_of_text)
-    return ServedModel(name, model, tokenizer, files.method, end_of_text)
+    template = files.chat_template.read_text(encoding="utf-8") if files.chat_template else None
+    if template is not None and not has_chat_tokens(tokenizer):
+        raise DataError(f"--model {name}: a chat template, but its tokenizer lacks the chat tokens")
+    end_of_turn = tokenizer.token_to_id(END_OF_TURN) if template is not None else None
+    return ServedModel(name, model, tokenizer, files.method, end_of_text, template, end_of_turn)

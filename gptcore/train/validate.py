@@ -15,6 +15,7 @@ import torch
 
 from gptcore.data.batches import BatchLoader, ExampleSet, unigram_loss
 from gptcore.distributed.group import all_reduce_sum, rank_range
+from gptcore.model.cross_entropy import trained_count
 from gptcore.runtime.decided import Runtime
 from gptcore.train.job import TrainJob
 from gptcore.train.records import EvalRecord
@@ -69,13 +70,15 @@ class Evaluator:
         batch = self.runtime.batch_size
         share = rank_range(self.validation.count, self.world_size, self.rank)
         indices = (np.arange(s, min(s + batch, share.stop)) for s in range(share.start, share.stop, batch))
-        total = torch.zeros((), device=self.runtime.device, dtype=torch.float64)
+        sums = torch.zeros(2, device=self.runtime.device, dtype=torch.float64)  # nats, targets
         for x, y in loader.batches(indices):
             with self.runtime.autocast():
                 _, loss = model(x, y, loss_only=True)  # one piece of logits at a time
-            total += loss.double() * x.shape[0]
+            targets = trained_count(y)  # every position, but a conversation's prompt has none
+            sums += torch.stack([loss.double() * targets, targets.double()])
         model.train()
-        self.last_val_loss = float(all_reduce_sum(total).item()) / self.validation.count  # waits for it
+        nats, targets = all_reduce_sum(sums).tolist()  # waits for it
+        self.last_val_loss = nats / max(targets, 1.0)
         self.seconds += time.perf_counter() - started
         self.examples += self.validation.count
         first = self.unigram is None

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from gptcore.chat.config import ChatDataConfig
 from gptcore.data.config import CorpusConfig, DataConfig, TokenizerConfig
 from gptcore.errors import ConfigError
 from gptcore.eval.config import EvaluateConfig, QuantizeConfig
@@ -182,6 +183,17 @@ class FinetuneConfig(Strict):
         "forgotten; unset: the base's own (the test_split its registered version names) under "
         "paths.data_root, else the newest there made with the base's tokenizer",
     )
+    format: Literal["text", "chat"] = Field(
+        default="text",
+        description="text: the corpus section's documents, every token a target; chat: the chat section's "
+        "conversations, the loss on the assistant's answers alone (the base gains the chat template's "
+        "tokens: gptcore.chat)",
+    )
+
+    @property
+    def chat(self) -> bool:
+        """Whether the fine-tune teaches the base to answer in the chat template."""
+        return self.format == "chat"
 
     def methods(self) -> list[FinetuneMethod]:
         """The methods a run trains: `method`, then the others it is compared with when `compare`."""
@@ -189,10 +201,14 @@ class FinetuneConfig(Strict):
 
     def adapters(self) -> LoRAConfig | None:
         """The adapters the training puts on the base (QLoRA's over its quantized layers; None: every
-        weight trains)."""
-        if self.method == "qlora":
-            return QLoRAConfig(**self.lora.model_dump())
-        return self.lora if self.method == "lora" else None
+        weight trains); a chat fine-tune's train the embedding too, unless the file says otherwise (the
+        chat template's new tokens have rows to learn)."""
+        if self.method == "full":
+            return None
+        settings = self.lora.model_dump()
+        if self.chat and "train_embedding" not in self.lora.model_fields_set:
+            settings["train_embedding"] = True
+        return QLoRAConfig(**settings) if self.method == "qlora" else LoRAConfig(**settings)
 
 
 class TrackingConfig(Strict):
@@ -342,6 +358,11 @@ class PipelineParams(Strict):
     finetune: FinetuneConfig | None = Field(
         default=None, description="a fine-tune's parameter file (gptpipe finetune): the base and method"
     )
+    chat: ChatDataConfig | None = Field(
+        default=None,
+        description="a chat fine-tune's conversations (finetune.format: chat; unset: the standard "
+        "library's docstrings)",
+    )
     prediction: PredictionConfig | None = Field(
         default=None, description="a scaling study's prediction of this run's test bits per byte"
     )
@@ -373,12 +394,18 @@ class PipelineParams(Strict):
                 "tokenizer: a fine-tune encodes its corpus with the base model's tokenizer, never a new "
                 "vocabulary: remove the tokenizer section"
             )
+        if self.chat is not None and (self.finetune is None or not self.finetune.chat):
+            raise ValueError("chat: read by a chat fine-tune alone: set finetune.format: chat, or remove it")
         if self.full.init_from is not None and self.tokenizer.model_fields_set - {"end_of_text"}:
             raise ValueError(
                 "tokenizer: full.init_from's model encodes the corpus with its own tokenizer, none is "
                 "trained: remove the tokenizer section (end_of_text alone may name its end-of-text token)"
             )
         return self
+
+    def chat_data(self) -> ChatDataConfig:
+        """A chat fine-tune's conversations: the chat section, else the standard library's docstrings."""
+        return self.chat or ChatDataConfig()
 
     def start_model_key(self) -> str | None:
         """The key naming the model training starts from: finetune.model, full.init_from, or None."""

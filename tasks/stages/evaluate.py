@@ -21,7 +21,7 @@ from tasks.results import CheckpointsResult, Figure, Record, StageResult, file_r
 from tasks.stage import Stage, announce
 from tasks.stages.device import DeviceResult
 from tasks.stages.reading import ReadCheckpoint
-from tasks.stages.tokens import TokensResult
+from tasks.stages.tokens import SplitsResult
 from tasks.stages.training import run_directory
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class Evaluate(Stage[EvaluateResult]):
 
     result_type = EvaluateResult
     name: str = "evaluate"
-    tokens: TokensResult
+    tokens: SplitsResult
     device: DeviceResult
     trained: CheckpointsResult  # the full stage's, or a fine-tune's merged checkpoints
     lineage: dict[str, str] | None = None  # the tags of a version trained from a start model
@@ -197,7 +197,7 @@ class AfterEvaluation(Stage[R]):
     """What a stage after the evaluate stage reads: the checkpoint it measured, of the trained (or merged)
     run, with the tokens it was measured on."""
 
-    tokens: TokensResult
+    tokens: SplitsResult
     trained: CheckpointsResult
     evaluated: EvaluateResult
 

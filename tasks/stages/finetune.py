@@ -29,7 +29,43 @@ def resolve_base(params: PipelineParams) -> BaseResult:
     corpus = base.tokenizer.corpus_fingerprint
     own = base.lineage.get("base_test_split")
     found = _base_test_split(params, tokenizer, architecture.vocab_size, data_root(params), corpus, own)
-    return base.model_copy(update={"base_test_tokens": found})
+    base = base.model_copy(update={"base_test_tokens": found})
+    return ready_for_chat(params, base) if finetune_section(params).chat else base
+
+
+def ready_for_chat(params: PipelineParams, base: BaseResult) -> BaseResult:
+    """A chat fine-tune's base: the kept base's files with the chat template's tokens added to its
+    tokenizer and rows for them grown in its embedding (`gptcore.finetune.vocabulary`), kept once beside
+    it; what training starts from, and the "before" the fine-tune is measured against, prompted the same
+    way."""
+    from gptcore.export.model_files import model_files_in
+    from gptcore.finetune.start import saved_architecture
+    from gptcore.finetune.vocabulary import chat_model_files
+    from gptcore.tools.atomic import publish_directory, staging_directory
+    from gptcore.tools.fingerprint import sha256_file
+    from tasks.results import file_record
+    from tasks.stages.start_model import tokenizer_manifest
+
+    folder = Path(f"{base.folder}-chat")
+    if not model_files_in(folder).weights.is_file():
+        with staging_directory(folder) as staging:
+            _, added = chat_model_files(model_files_in(Path(base.folder)), staging)
+            publish_directory(staging, folder)
+        announce(f"base: {added} chat tokens added to its tokenizer, its embedding grown to them in {folder}")
+    kept = model_files_in(folder)
+    architecture = saved_architecture(kept.weights)
+    lineage = {**base.lineage, "base_weights_sha256": base.weights_sha256}  # the base's own, not the grown
+    return base.model_copy(
+        update={
+            "folder": str(folder),
+            "weights_sha256": sha256_file(kept.weights),
+            "model": base.model.model_copy(update={"architecture": architecture}),
+            "tokenizer": tokenizer_manifest(params, kept.tokenizer, data_root(params)),
+            "lineage": lineage,
+            "files": file_record(kept.weights, kept.config, kept.tokenizer),
+            "outputs": [str(folder)],
+        }
+    )
 
 
 def check_base(params: PipelineParams, scratch: Path, source: str = "the parameter file") -> CheckedStart:

@@ -55,8 +55,9 @@ class BaseResult(StageResult):
 
     def lineage_tags(self) -> dict[str, str]:
         """What a version trained from this model says of it in its tags: the model (URI, registered
-        name and version or source) and its weights' sha256."""
-        return {**self.lineage, "base_weights_sha256": self.weights_sha256}
+        name and version or source) and its weights' sha256 (the base's own, for a chat fine-tune's base
+        grown to the chat tokens)."""
+        return {"base_weights_sha256": self.weights_sha256, **self.lineage}
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def resolve_start(params: PipelineParams, start: StartModel) -> BaseResult:
         folder=str(folder),
         weights_sha256=sha256_file(kept.weights),
         model=checked.model,
-        tokenizer=_tokenizer_manifest(params, kept.tokenizer, root),
+        tokenizer=tokenizer_manifest(params, kept.tokenizer, root),
         files=file_record(kept.weights, kept.config, kept.tokenizer),
         outputs=[str(folder)],
         figures={"base_model_uri": start.uri, **checked.lineage},
@@ -167,7 +168,7 @@ def _kept_copy(files: Any, folder: Path) -> Path:
     return folder
 
 
-def _tokenizer_manifest(params: PipelineParams, tokenizer: Path, root: Path) -> TokenizerManifest:
+def tokenizer_manifest(params: PipelineParams, tokenizer: Path, root: Path) -> TokenizerManifest:
     """The model's tokenizer as the tokens stage takes one: a tokenizer manifest over the corpus."""
     import tokenizers
 

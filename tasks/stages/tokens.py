@@ -15,12 +15,18 @@ from tasks.stages.corpus import corpus_for, data_root
 from tasks.stages.tokenizer import TokenizerResult
 
 
-class TokensResult(StageResult):
-    tokens: Record[TokenFolderManifest]
+class SplitsResult(StageResult):
+    """What the stages after the token files read of them: a split's token file each, and the tokenizer
+    that made them (documents: `TokensResult`; conversations: `tasks.stages.chat_tokens`)."""
+
     train: str  # the token files the training stages read
     validation: str
     test: str  # held out: read by the evaluate stage alone
     tokenizer_path: str
+
+
+class TokensResult(SplitsResult):
+    tokens: Record[TokenFolderManifest]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ from tasks.params.schema import PipelineParams, TrainingStage
 from tasks.results import StageResult
 from tasks.stage import Stage, announce
 from tasks.stages.device import DeviceResult
-from tasks.stages.tokens import TokensResult
+from tasks.stages.tokens import SplitsResult
 
 if TYPE_CHECKING:
     from gptcore.train.callbacks import TrainingCallback
@@ -50,7 +50,7 @@ class Training(Stage[R]):
     decisions, recorded live into its stage run by the MLflow callback `run` hands it."""
 
     start: TrainingStart
-    tokens: TokensResult
+    tokens: SplitsResult
     device: DeviceResult
     callbacks: tuple[TrainingCallback, ...] = ()  # the stage run's MLflow callback: not part of the key
 
