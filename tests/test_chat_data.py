@@ -126,3 +126,35 @@ def test_the_standard_librarys_corpus_splits_by_package_so_no_test_package_is_tr
 
     assert not packages("test") & packages("train") and not packages("validation") & packages("train")
     assert splits == docstrings.build(list(reversed(stdlib_files())), root)  # the same on every run
+
+
+def test_local_files_and_a_saved_hub_dataset_split_the_same_conversations_the_same_way(
+    tmp_path: Path,
+) -> None:
+    import datasets
+
+    from gptcore.chat.config import ChatDataConfig
+    from gptcore.chat.sources import conversation_splits, source_fingerprint
+
+    asked = [
+        Conversation.of([("user", f"What does `shlex.{name}` do?"), ("assistant", f"It is {name}.")])
+        for name in ("split", "quote", "join", "shlex", "escape", "token", "lexer", "posix")
+    ] * 5
+    conversations.write(asked, tmp_path / "chats.jsonl")
+    rows = [conversation.to_dict() for conversation in asked]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    settings = {"validation_fraction": 0.25, "test_fraction": 0.25}
+    local = ChatDataConfig(source="local", paths=[str(tmp_path / "chats.jsonl")], **settings)
+    hub = ChatDataConfig(source="hub", hub_name=str(tmp_path / "saved"), **settings)
+    splits = conversation_splits(local)
+    assert splits == conversation_splits(hub)
+    assert sum(map(len, splits.values())) == 40 and all(splits.values())
+    assert not set(splits["test"]) & set(splits["train"]), "the same text always lands in the same split"
+    assert source_fingerprint(local) != source_fingerprint(local.model_copy(update={"split_seed": 7}))
+
+    bad = [*rows[:3], {"messages": [{"role": "user", "content": "Hi?"}]}]
+    datasets.Dataset.from_list(bad).save_to_disk(str(tmp_path / "bad"))
+    with pytest.raises(DataError, match=r"chat.hub_name '.*bad': row 4: the last message is the user's"):
+        conversation_splits(hub.model_copy(update={"hub_name": str(tmp_path / "bad")}))
+    with pytest.raises(DataError, match=r"chat.paths\[0\] '.*missing.jsonl': no such file or folder"):
+        conversation_splits(local.model_copy(update={"paths": [str(tmp_path / "missing.jsonl")]}))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tokenizers import Tokenizer, trainers
 
 from gptcore.chat import docstrings, template
@@ -137,6 +138,7 @@ def test_transformers_renders_the_template_and_generates_the_answer_gptpipe_give
     folder = export_hf(tuned, chat_run["tokenizer"], tmp_path / "hf")
     config = json.loads((folder / "tokenizer_config.json").read_text())
     assert config["chat_template"] == template.JINJA
+    assert "chat" in yaml.safe_load((folder / "README.md").read_text().split("---")[1])["tags"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     their_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     tokenizer = Tokenizer.from_file(str(chat_run["tokenizer"]))

@@ -171,8 +171,10 @@ def test_gptpipe_export_writes_a_hugging_face_folder_from_a_checkpoint_or_a_logg
     model = f"models:/{callback.models['final']}"
     assert main(["export", "--model", model, "--output", str(tmp_path / "b")]) == 0
     capsys.readouterr()
-    names = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    names = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md"}
     assert names <= {child.name for child in (tmp_path / "a").iterdir()}
+    assert names <= {child.name for child in (tmp_path / "b").iterdir()}  # every export has its card
+    assert "| step |" in (tmp_path / "a" / "README.md").read_text()  # what the checkpoint's record says
     first, second = (
         load_file(tmp_path / "a" / "model.safetensors"),
         load_file(tmp_path / "b" / "model.safetensors"),

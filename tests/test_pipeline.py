@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gptcore.errors import TrainingError
 from tasks.params.loading import load_params
@@ -187,6 +188,11 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     assert (figures["registered_model"], figures["alias"]) == ("gptpipe-iteration-1", "champion")
     exported = Path(stages_of(first)["export"]["outputs"][0])
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in exported.iterdir()}
+    card = yaml.safe_load((exported / "README.md").read_text().split("---")[1])  # the hub's metadata block
+    [result] = card["model-index"][0]["results"]
+    assert card["model-index"][0]["name"] == "gptpipe-iteration-1" and result["dataset"]["split"] == "test"
+    assert result["metrics"][0]["value"] == pytest.approx(figures["test_bits_per_byte"], abs=1e-6)
+    assert card["license"] and card["datasets"] and card["library_name"] == "transformers"
     quantized = stages_of(first)["quantize"]["figures"]
     assert quantized["int8-weight-only/size_ratio"] < 1.0 and quantized["bf16/size_ratio"] < 0.6
     assert (quantized["int8-weight-only/alias"], quantized["bf16/alias"]) == ("int8-weight-only", "bf16")

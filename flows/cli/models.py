@@ -295,6 +295,7 @@ def export_command(
     from gptcore.errors import ConfigError
     from gptcore.export.hf import export_hf
     from tasks.params.loading import choice
+    from tasks.tracking.models.model_uri import card_facts_of
 
     choice("--format", format_, ("hf",))
     sources = [source for source in (checkpoint_directory, checkpoint_file, model) if source is not None]
@@ -308,7 +309,8 @@ def export_command(
                 "(the checkpoint it was quantized from)"
             )
             trained, files = _fp32_model(model, params, Path(scratch), refusal)
-            folder = export_hf(trained, Path(tokenizer or files.tokenizer), output, force=force)
+            facts = card_facts_of(model, params.tracking)  # the model card: what the registry says of it
+            folder = export_hf(trained, Path(tokenizer or files.tokenizer), output, force=force, facts=facts)
         else:
             from gptcore.checkpoint.load import choose_checkpoint
             from tasks.stages.export import export_checkpoint

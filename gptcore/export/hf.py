@@ -17,6 +17,7 @@ a profile without biases exports zero biases, which compute the same. Nothing he
 - `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`: a `PreTrainedTokenizerFast`; a
   chat model's `tokenizer_config.json` holds its `chat_template`, and its generation ends at `<|end|>`.
 - `generation_config.json`: bos/eos/pad = end-of-text.
+- `README.md`: the model card (`gptcore.export.card`): the hub's metadata and the run's figures.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,6 +33,7 @@ import torch
 from gptcore.chat.template import END_OF_TURN, chat_template_of
 from gptcore.data.tokenfile import check_tokenizer
 from gptcore.errors import ConfigError, DataError
+from gptcore.export.card import CARD, CardFacts, card_text
 from gptcore.export.hf_llama import HOLDS, check_llama, llama_config, llama_state_dict
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
@@ -125,9 +128,12 @@ def chat_of(tokenizer_path: Path) -> tuple[str, int] | None:
     return template, ids[END_OF_TURN]
 
 
-def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = False) -> Path:
-    """Write the Hugging Face folder for `model` at `output`; an existing non-empty folder is refused
-    unless `force`. Returns the folder."""
+def export_hf(
+    model: GPT, tokenizer_path: Path, output: Path, force: bool = False, facts: CardFacts | None = None
+) -> Path:
+    """Write the Hugging Face folder for `model` at `output`, its model card from `facts` (the run's
+    records; None: what the model itself says); an existing non-empty folder is refused unless `force`.
+    Returns the folder."""
     from safetensors.torch import save_file
 
     output = Path(output)
@@ -159,6 +165,8 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
             {"bos_token_id": eot_id, "eos_token_id": ends if chat else eot_id, "pad_token_id": eot_id,
              "do_sample": False},
         )  # fmt: skip
+        facts = replace(facts or CardFacts(name=Path(output).name), chat=chat is not None)
+        (folder / CARD).write_text(card_text(model, facts), encoding="utf-8")
         publish_directory(folder, output)
     return output
 
@@ -166,7 +174,7 @@ def export_hf(model: GPT, tokenizer_path: Path, output: Path, force: bool = Fals
 # What an export writes: `--force` replaces a folder holding these alone (an earlier export), nothing else.
 EXPORT_FILES = frozenset(
     {"model.safetensors", "config.json", "tokenizer.json", "special_tokens_map.json", "tokenizer_config.json",
-     "generation_config.json"}
+     "generation_config.json", "README.md"}
 )  # fmt: skip
 
 

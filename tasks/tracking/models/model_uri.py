@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
     from mlflow.pyfunc import PyFuncModel
 
+    from gptcore.export.card import CardFacts
     from gptcore.export.model_files import ModelFiles
     from tasks.params.schema import TrackingConfig
 
@@ -75,6 +76,28 @@ def recorded_split(uri: str, config: TrackingConfig | None = None) -> dict[str, 
     else:
         tags = client.get_logged_model(uri.removeprefix("models:/").strip("/")).tags or {}
     return {key: tags[key] for key in (TEST_SPLIT, CORPUS) if tags.get(key)}
+
+
+def card_facts_of(uri: str, config: TrackingConfig | None = None) -> CardFacts:
+    """A model card's facts from what the registry says of the version `uri` names (its test figure
+    and split, its base); for any other URI, its name alone."""
+    from gptcore.export.card import CardFacts
+
+    name = uri.removeprefix("models:/").split("@")[0].split("/")[0] if uri.startswith("models:/") else uri
+    if not uri.startswith("models:/"):
+        return CardFacts(name=Path(uri).name or uri)
+    version = registered_version(connect(resolve_target(config)), uri)
+    tags = version.tags if version is not None else {}
+    bits = tags.get("test_bits_per_byte")
+    facts = {"version": version.version} if version is not None else {}
+    facts |= {key: tags[key] for key in ("finetune.method", "quantization") if tags.get(key)}
+    return CardFacts(
+        name=name,
+        test_bits_per_byte=float(bits) if bits else None,
+        test_split=tags.get(TEST_SPLIT),
+        base_model=tags.get("base_model_uri"),
+        facts=facts,
+    )
 
 
 def artifact_location(client: MlflowClient, uri: str) -> str:
