@@ -5,8 +5,11 @@ and exported so that transformers' `apply_chat_template` and `generate` give the
 from __future__ import annotations
 
 import json
+import shutil
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -258,3 +261,68 @@ def test_gptpipe_chat_keeps_the_conversation_and_refuses_a_model_without_a_templ
         f"error: --model {chat_run['root'] / 'base'}: no chat template among its files (it was not chat "
         "fine-tuned: finetune.format: chat); gptpipe generate continues text"
     ]
+
+
+# --- the chat page, in a real browser -------------------------------------------------------------------
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's), driven through its chromedriver by selenium."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("Chromium and its driver are not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_the_chat_page_streams_each_answer_and_keeps_the_conversation(
+    chat_run: dict, chat_folder: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.test_serving import serving
+
+    tuned, _ = load_model(chat_run["merged"])
+    tokenizer = Tokenizer.from_file(str(chat_run["tokenizer"]))
+    first, second = (c.messages[0].content for c in short_conversations()[:2])
+    with serving(chat_folder) as running:
+        browser.get(running.url + "/")
+        wait = WebDriverWait(browser, 120)
+        wait.until(lambda page: page.find_element(By.ID, "model").text == "tiny")  # GET /v1/models answered
+        for field, value in (("temperature", "0"), ("max-tokens", "8")):
+            browser.find_element(By.ID, field).clear()
+            browser.find_element(By.ID, field).send_keys(value)
+
+        def ask(question: str, answers: int) -> Any:
+            browser.find_element(By.ID, "message").send_keys(question)
+            browser.find_element(By.ID, "send").click()
+            done = f"#conversation .assistant[data-state='done']:nth-of-type({2 * answers})"
+            return wait.until(lambda page: page.find_element(By.CSS_SELECTOR, done))
+
+        history = [Message("user", first)]
+        one = ask(first, 1)
+        expected = reply(tuned, tokenizer, history, 8)
+        assert one.get_attribute("textContent") == expected and one.get_attribute("data-finish") in (
+            "stop",
+            "length",
+        )
+        history += [Message("assistant", expected.strip() or "…"), Message("user", second)]
+        two = ask(second, 2)  # the page sends the conversation so far: the answer reads the first exchange
+        assert two.get_attribute("textContent") == reply(tuned, tokenizer, history, 8)
+        bubbles = browser.find_elements(By.CSS_SELECTOR, "#conversation .message")
+        assert [b.get_attribute("class").split()[1] for b in bubbles] == ["user", "assistant"] * 2
+        assert "cdn" not in browser.page_source.lower() and "<script src" not in browser.page_source

@@ -6,10 +6,10 @@ same way), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus' text) an
 (MLflow's scoring body, for the clients of the MLflow model server). Each prompt of a request becomes a
 `Sequence` queued on the `Scheduler`; the handler waits for its events on the event loop, so thousands of
 waiting clients cost no thread each. A client that leaves, or a request past its deadline, cancels its
-sequences: their rows in the batch are free at the next step. Every refusal is OpenAI's error object with one
-sentence (400, 401, 404, 413, 429 with Retry-After, 504); a failure inside is a 500 with one sentence, its
-traceback in the server's log alone. The API key, when one is set, is compared in constant time and never
-logged.
+sequences: their rows in the batch are free at the next step. Every refusal is OpenAI's error object with
+one sentence (400, 401, 404, 413, 429 with Retry-After, 504); a failure inside is a 500 with one sentence,
+its traceback in the server's log alone. The API key, when one is set, is compared in constant time and
+never logged.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gptcore.serving.config import ServeConfig
@@ -41,9 +42,13 @@ from gptcore.serving.sequence import Sequence
 from gptcore.serving.served import ServedModel
 from gptcore.tools.records import JSONObject
 
-OPEN_PATHS = ("/health", "/ping")  # answered without the API key: a load balancer's probe carries none
+# Answered without the API key: a load balancer's probe carries none, and the chat page asks for it (its
+# requests to the API carry the key a person types into it).
+OPEN_PATHS = ("/health", "/ping", "/")
+CHAT_PAGE = Path(__file__).with_name("static") / "chat.html"  # one static page: no build, no CDN
 ENDPOINTS = (
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ping", "/metrics", "/invocations"
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ping", "/metrics", "/invocations",
+    "/",
 )  # fmt: skip
 LEFT = (-1, "", None)  # the event a request's watcher queues when its client has left
 
@@ -279,6 +284,11 @@ def create_app(server: CompletionServer) -> Starlette:
         served, scheduler = server.model, server.scheduler
         return JSONResponse(asdict(Health("ok", served.name, scheduler.running, scheduler.waiting)))
 
+    page = CHAT_PAGE.read_text(encoding="utf-8")
+
+    async def chat_page(_: Request) -> Response:
+        return HTMLResponse(page)
+
     async def ping(_: Request) -> Response:
         return Response("\n", media_type="application/json")  # MLflow's scoring server's probe
 
@@ -295,27 +305,11 @@ def create_app(server: CompletionServer) -> Starlette:
 
     async def completions(request: Request) -> Response:
         job = completion_job(await read_body(request, limits.max_body_bytes), limits, server.model.name)
-        waiting = Waiting(server, server.sequences(job))
-        waiting.submit()
-        if job.stream:
-            return StreamingResponse(_stream(waiting, job, request), media_type="text/event-stream")
-        if not await _wait(waiting, request):
-            return _timed_out(waiting)
-        choices = [_choice(index, s.text, s.finish_reason) for index, s in enumerate(waiting.sequences)]
-        return JSONResponse({**_head(server), "choices": choices, "usage": waiting.usage()})
+        return await _respond(server, job, request, _stream, _completion_body)
 
     async def chat_completions(request: Request) -> Response:
         job = chat_job(await read_body(request, limits.max_body_bytes), limits, server.model.name)
-        waiting = Waiting(server, server.sequences(job))
-        waiting.submit()
-        if job.stream:
-            return StreamingResponse(_chat_stream(waiting, job, request), media_type="text/event-stream")
-        if not await _wait(waiting, request):
-            return _timed_out(waiting)
-        [sequence] = waiting.sequences
-        message = {"role": "assistant", "content": sequence.text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": sequence.finish_reason}
-        return JSONResponse({**_head(server, CHAT), "choices": [choice], "usage": waiting.usage()})
+        return await _respond(server, job, request, _chat_stream, _chat_body)
 
     async def invocations(request: Request) -> Response:
         job = invocation_job(await read_body(request, limits.max_body_bytes), limits)
@@ -326,6 +320,7 @@ def create_app(server: CompletionServer) -> Starlette:
         return JSONResponse({"predictions": [sequence.text for sequence in waiting.sequences]})
 
     routes = [
+        Route("/", chat_page, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ping", ping, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -409,6 +404,36 @@ async def _wait(waiting: Waiting, request: Request) -> bool:
     return all(sequence.finish_reason in ("stop", "length") for sequence in waiting.sequences)
 
 
+async def _respond(
+    server: CompletionServer,
+    job: Job,
+    request: Request,
+    streamer: Callable[[Waiting, Job, Request], AsyncIterator[str]],
+    body: Callable[[Waiting], JSONObject],
+) -> Response:
+    """A job's sequences queued, then streamed as `streamer` writes events, or waited for and answered
+    with `body`."""
+    waiting = Waiting(server, server.sequences(job))
+    waiting.submit()
+    if job.stream:
+        return StreamingResponse(streamer(waiting, job, request), media_type="text/event-stream")
+    if not await _wait(waiting, request):
+        return _timed_out(waiting)
+    return JSONResponse(body(waiting))
+
+
+def _completion_body(waiting: Waiting) -> JSONObject:
+    choices = [_choice(index, s.text, s.finish_reason) for index, s in enumerate(waiting.sequences)]
+    return {**_head(waiting.server), "choices": choices, "usage": waiting.usage()}
+
+
+def _chat_body(waiting: Waiting) -> JSONObject:
+    [sequence] = waiting.sequences
+    message = {"role": "assistant", "content": sequence.text}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": sequence.finish_reason}
+    return {**_head(waiting.server, CHAT), "choices": [choice], "usage": waiting.usage()}
+
+
 def _unfinished(waiting: Waiting) -> tuple[int, str]:
     """Why a request's sequences did not all finish, as a status and a sentence."""
     if any(sequence.finish_reason == "error" for sequence in waiting.sequences):
@@ -451,12 +476,8 @@ async def _stream(waiting: Waiting, job: Job, request: Request) -> AsyncIterator
         async for index, delta, reason in waiting.until_done(request):
             if reason in ("stop", "length") or (delta and reason is None):
                 yield _event({**head, "choices": [_choice(index, delta, reason)]})
-        if not all(s.finish_reason in ("stop", "length") for s in waiting.sequences):
-            status, message = _unfinished(waiting)
-            yield _event(error_body(message, status))
-        elif job.include_usage:
-            yield _event({**head, "choices": [], "usage": waiting.usage()})
-        yield "data: [DONE]\n\n"
+        for event in _closing(waiting, job, head):
+            yield event
     finally:  # the client left mid-stream (the response task is cancelled): free the rows now
         waiting.cancel()
 
@@ -477,14 +498,22 @@ async def _chat_stream(waiting: Waiting, job: Job, request: Request) -> AsyncIte
                 yield chunk({"content": delta}, None)
             if reason in ("stop", "length"):
                 yield chunk({}, reason)
-        if not all(s.finish_reason in ("stop", "length") for s in waiting.sequences):
-            status, message = _unfinished(waiting)
-            yield _event(error_body(message, status))
-        elif job.include_usage:
-            yield _event({**head, "choices": [], "usage": waiting.usage()})
-        yield "data: [DONE]\n\n"
+        for event in _closing(waiting, job, head):
+            yield event
     finally:  # the client left mid-stream: free the row now
         waiting.cancel()
+
+
+def _closing(waiting: Waiting, job: Job, head: dict[str, str | int]) -> list[str]:
+    """A stream's last events: an error event for a request that did not finish (a deadline, a failure),
+    else the usage when asked (`stream_options.include_usage`); then `[DONE]`."""
+    events = []
+    if not all(s.finish_reason in ("stop", "length") for s in waiting.sequences):
+        status, message = _unfinished(waiting)
+        events.append(_event(error_body(message, status)))
+    elif job.include_usage:
+        events.append(_event({**head, "choices": [], "usage": waiting.usage()}))
+    return [*events, "data: [DONE]\n\n"]
 
 
 def _event(payload: JSONObject) -> str:
