@@ -224,6 +224,12 @@ def test_a_bad_conversation_or_a_model_without_a_template_is_one_sentence(
             refused.json()["error"]["message"]
             == "messages: message 0: role 'tool', allowed: system, user, assistant"
         )
+    with serving(chat_folder, api_key="secret") as running:  # the completions' key guards chat too
+        question = {"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 2}
+        assert httpx.post(running.url + url, json=question).status_code == 401
+        keyed = httpx.post(running.url + url, json=question, headers={"Authorization": "Bearer secret"})
+        assert keyed.status_code == 200 and keyed.json()["usage"]["completion_tokens"] <= 2
+        assert httpx.get(running.url + "/").status_code == 200, "the page itself asks for no key"
     with serving(chat_run["root"] / "base") as running:  # the base: a model that only continues text
         refused = httpx.post(running.url + url, json={"messages": [{"role": "user", "content": "Hi?"}]})
         assert refused.status_code == 400 and refused.json()["error"]["message"].startswith(
@@ -326,3 +332,36 @@ def test_the_chat_page_streams_each_answer_and_keeps_the_conversation(
         bubbles = browser.find_elements(By.CSS_SELECTOR, "#conversation .message")
         assert [b.get_attribute("class").split()[1] for b in bubbles] == ["user", "assistant"] * 2
         assert "cdn" not in browser.page_source.lower() and "<script src" not in browser.page_source
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_every_method_learns_the_answers_from_the_masked_targets(
+    chat_run: dict, tmp_path: Path, method: str
+) -> None:
+    """Full fine-tuning, LoRA and QLoRA (the embedding training beside the adapters) on the same packed
+    conversations: each brings the loss on the answers well below where the grown base starts."""
+    from dataclasses import replace
+
+    from gptcore.finetune.config import QLoRAConfig
+
+    if method == "qlora":
+        pytest.importorskip("torchao")
+    lora = chat_run["job"].lora
+    adapters = {"full": None, "lora": lora, "qlora": QLoRAConfig(**lora.model_dump())}[method]
+    short = {
+        "max_steps": 40,
+        "eval_every": 40,
+        "checkpoint_every": 40,
+        "log_every": 40,
+        "eval_at_start": True,
+    }
+    job = replace(
+        chat_run["job"],
+        checkpoint_directory=tmp_path / method,
+        lora=adapters,
+        training=chat_run["job"].training.model_copy(update=short),
+    )
+    recorder = Recorder()
+    train(job, recorder)
+    losses = [record["val_loss"] for record in recorder.of("eval")]
+    assert len(losses) == 2 and losses[1] < 0.8 * losses[0], losses
