@@ -278,8 +278,6 @@ CHROMEDRIVER = shutil.which("chromedriver")
 @pytest.fixture
 def browser() -> Iterator[Any]:
     """Headless Chromium (Debian's), driven through its chromedriver by selenium."""
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("Chromium and its driver are not installed (apt-get install chromium chromium-driver)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -294,6 +292,10 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+@pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Chromium and its driver are not installed (apt-get install chromium chromium-driver)",
+)
 def test_the_chat_page_streams_each_answer_and_keeps_the_conversation(
     chat_run: dict, chat_folder: Path, browser: Any
 ) -> None:

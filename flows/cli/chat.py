@@ -26,14 +26,14 @@ def chat_command(
     import torch
 
     from gptcore.chat.conversations import Message
-    from gptcore.chat.template import chat_template_of, fitting
+    from gptcore.chat.template import fitting
     from gptcore.eval.answers import reply
     from gptcore.serving.served import load_served
     from tasks.tracking.models.model_uri import model_files_of
 
     with tempfile.TemporaryDirectory(prefix="gptpipe-chat-") as scratch:
         files = model_files_of(model, into=Path(scratch))
-        if chat_template_of(files.tokenizer.parent) is None:
+        if files.chat_template is None:
             raise ConfigError(
                 f"--model {model}: no chat template among its files (it was not chat fine-tuned: "
                 "finetune.format: chat); gptpipe generate continues text"

@@ -20,7 +20,7 @@ from gptcore.chat import conversations as conversation_files
 from gptcore.chat import docstrings
 from gptcore.chat.config import BUILTIN_DOCSTRINGS, ChatDataConfig
 from gptcore.chat.conversations import Conversation, parse
-from gptcore.data.corpus import expand_paths, stdlib_files
+from gptcore.data.corpus import HubSource, expand_paths, hub_dataset, stdlib_files
 from gptcore.errors import DataError
 from gptcore.tools.fingerprint import code_version_of, fingerprint, sha256_file
 
@@ -58,29 +58,9 @@ def _local(cfg: ChatDataConfig) -> Iterator[Conversation]:
 
 
 def _hub(cfg: ChatDataConfig) -> Iterator[Conversation]:
-    import datasets
-
     where = f"chat.hub_name {cfg.hub_name!r}"
-    local = Path(str(cfg.hub_name))
-    try:
-        if (local / "state.json").is_file() or (local / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(local))
-            dataset = loaded[cfg.hub_split] if isinstance(loaded, datasets.DatasetDict) else loaded
-        else:
-            dataset = datasets.load_dataset(
-                str(cfg.hub_name), cfg.hub_config, split=cfg.hub_split, revision=cfg.hub_revision,
-                streaming=cfg.streaming,
-            )  # fmt: skip
-    except KeyError:
-        raise DataError(f"{where}: no split {cfg.hub_split!r} (chat.hub_split)") from None
-    except ConnectionError:
-        raise DataError(
-            f"{where}: the Hugging Face hub is unreachable; save the dataset where it is reachable and set "
-            "chat.hub_name to that folder, or use chat.source: local with .jsonl or .parquet files"
-        ) from None
-    except Exception as error:  # unknown names, configs and splits come as many kinds
-        raise DataError(f"{where}: cannot load ({type(error).__name__}: {str(error)[:200]})") from None
-    return _rows(dataset, cfg.messages_field, where)
+    source = HubSource(cfg.hub_name or "", cfg.hub_config, cfg.hub_split, cfg.hub_revision, cfg.streaming)
+    return _rows(hub_dataset(source, None, where, "chat"), cfg.messages_field, where)
 
 
 def _rows(rows: Iterable[dict], field: str, where: str) -> Iterator[Conversation]:

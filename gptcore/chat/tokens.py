@@ -160,9 +160,11 @@ def _write_split(
     example_tokens: int,
 ) -> None:
     stream, mask = folder / f"{split}.bin", folder / f"{split}{MASK_SUFFIX}"
-    packed.ids.astype(packed.ids.dtype.newbyteorder("<")).tofile(stream)
-    packed.mask.tofile(mask)
-    digest = hashlib.sha256(bytes.fromhex(sha256_file(stream)) + bytes.fromhex(sha256_file(mask)))
+    ids = packed.ids.astype(packed.ids.dtype.newbyteorder("<")).tobytes()
+    stream.write_bytes(ids)
+    mask.write_bytes(packed.mask.tobytes())
+    # The split's identity covers its loss mask too: the same tokens trained on other positions differ.
+    digest = hashlib.sha256(hashlib.sha256(ids).digest() + hashlib.sha256(packed.mask.tobytes()).digest())
     manifest = TokenFileManifest(
         dtype=str(packed.ids.dtype),
         token_count=len(packed.ids),

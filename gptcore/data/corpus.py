@@ -367,33 +367,51 @@ def _hub_texts(cfg: CorpusConfig, cache_dir: str | None) -> Iterator[str]:
 
 
 def _hub_dataset(cfg: CorpusConfig, cache_dir: str, where: str) -> Any:
-    """`datasets.load_dataset` by name (or a local dataset folder, or one saved with `save_to_disk`)."""
+    """The corpus's hub dataset (`hub_dataset`), in the corpus section's words."""
+    return hub_dataset(HubSource(cfg.hub_name or "", cfg.hub_config, cfg.hub_split, cfg.hub_revision,
+                                 cfg.streaming), cache_dir, where, "corpus")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A dataset on the Hugging Face hub (or a copy saved with `save_to_disk`, named by its folder)."""
+
+    name: str
+    config: str | None
+    split: str
+    revision: str | None
+    streaming: bool
+
+
+def hub_dataset(source: HubSource, cache_dir: str | None, where: str, section: str) -> Any:
+    """`datasets.load_dataset` by name, or a saved copy's folder; a DataError naming `where` (and the
+    `section` whose keys say where else to look) for a split, a name or a hub it cannot have."""
     import datasets
 
-    local = Path(str(cfg.hub_name))
+    local = Path(source.name)
     try:
         if (local / "state.json").is_file() or (local / "dataset_dict.json").is_file():
             loaded = datasets.load_from_disk(str(local))
             if isinstance(loaded, datasets.DatasetDict):
-                if cfg.hub_split not in loaded:
-                    raise DataError(f"{where}: no split {cfg.hub_split!r} (splits: {', '.join(loaded)})")
-                loaded = loaded[cfg.hub_split]
-            return loaded.to_iterable_dataset() if cfg.streaming else loaded
+                if source.split not in loaded:
+                    raise DataError(f"{where}: no split {source.split!r} (splits: {', '.join(loaded)})")
+                loaded = loaded[source.split]
+            return loaded.to_iterable_dataset() if source.streaming else loaded
         return datasets.load_dataset(
-            str(cfg.hub_name),
-            cfg.hub_config,
-            split=cfg.hub_split,
-            revision=cfg.hub_revision,
+            source.name,
+            source.config,
+            split=source.split,
+            revision=source.revision,
             cache_dir=cache_dir,
-            streaming=cfg.streaming,
+            streaming=source.streaming,
         )
     except DataError:
         raise
     except ConnectionError as error:
         raise DataError(
             f"{where}: the Hugging Face hub is unreachable ({_first_line(error)}); download the dataset "
-            "where the hub is reachable and set corpus.hub_name to its local folder, or use "
-            "corpus.source: local with corpus.paths naming its jsonl/parquet/text files"
+            f"where the hub is reachable and set {section}.hub_name to its local folder, or use "
+            f"{section}.source: local with {section}.paths naming its files"
         ) from None
     except Exception as error:  # unknown names, bad configs and splits come as many kinds
         raise DataError(f"{where}: cannot load ({type(error).__name__}: {_first_line(error)})") from None

@@ -6,6 +6,7 @@ cached on the conversations' fingerprint, the tokenizer and the context."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +35,23 @@ class ChatTokens(Stage[ChatTokensResult]):
     tokenizer: TokenizerResult  # the base's, with the chat tokens (`BaseResult.tokenizer_result`)
     block_size: int  # the model's context: an example is block_size + 1 tokens
 
-    def key(self) -> tuple[Any, ...]:
+    @cached_property
+    def source(self) -> str:
+        """The conversations' fingerprint: their files hashed once, for the key and the manifests."""
         from gptcore.chat.sources import source_fingerprint
 
-        source = source_fingerprint(self.params.chat_data())
-        return ("chat-tokens", source, self.tokenizer.tokenizer.sha256, self.block_size)
+        return source_fingerprint(self.params.chat_data())
+
+    def key(self) -> tuple[Any, ...]:
+        return ("chat-tokens", self.source, self.tokenizer.tokenizer.sha256, self.block_size)
 
     def compute(self, fingerprint: str | None) -> ChatTokensResult:
-        from gptcore.chat.sources import conversation_splits, source_fingerprint
+        from gptcore.chat.sources import conversation_splits
 
-        settings = self.params.chat_data()
         tokenizer = Path(self.tokenizer.tokenizer.path)
         folder = data_root(self.params) / CHAT_TOKENS / str(fingerprint)
-        built = build_chat_tokens(
-            conversation_splits(settings),
-            tokenizer,
-            folder,
-            source_fingerprint(settings),
-            self.block_size + 1,
-        )
+        splits = conversation_splits(self.params.chat_data())
+        built = build_chat_tokens(splits, tokenizer, folder, self.source, self.block_size + 1)
         splits = built.splits
         announce(f"tokens: {described(built)}")
         streams = [Path(split.path) for split in splits.values()]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gptcore.data.tokenizer import TokenizerManifest
 from gptcore.errors import ConfigError
 from gptcore.model.config import ModelConfig
 from tasks.params.schema import FinetuneConfig, PipelineParams
@@ -44,7 +45,6 @@ def ready_for_chat(params: PipelineParams, base: BaseResult) -> BaseResult:
     from gptcore.tools.atomic import publish_directory, staging_directory
     from gptcore.tools.fingerprint import sha256_file
     from tasks.results import file_record
-    from tasks.stages.start_model import tokenizer_manifest
 
     folder = Path(f"{base.folder}-chat")
     if not model_files_in(folder).weights.is_file():
@@ -60,12 +60,26 @@ def ready_for_chat(params: PipelineParams, base: BaseResult) -> BaseResult:
             "folder": str(folder),
             "weights_sha256": sha256_file(kept.weights),
             "model": base.model.model_copy(update={"architecture": architecture}),
-            "tokenizer": tokenizer_manifest(params, kept.tokenizer, data_root(params)),
+            "tokenizer": grown_tokenizer(base, kept.tokenizer),
             "lineage": lineage,
             "files": file_record(kept.weights, kept.config, kept.tokenizer),
             "outputs": [str(folder)],
         }
     )
+
+
+def grown_tokenizer(base: BaseResult, tokenizer: Path) -> TokenizerManifest:
+    """The base's tokenizer manifest (over the run's corpus, as the base stage made it) for its tokenizer
+    grown to the chat tokens."""
+    from dataclasses import replace
+
+    from tokenizers import Tokenizer
+
+    from gptcore.tools.fingerprint import sha256_file
+
+    digest, size = sha256_file(tokenizer), Tokenizer.from_file(str(tokenizer)).get_vocab_size(True)
+    return replace(base.tokenizer, fingerprint=f"base-{digest[:16]}", path=str(tokenizer), sha256=digest,
+                   vocab_size=size, requested_vocab_size=size)  # fmt: skip
 
 
 def check_base(params: PipelineParams, scratch: Path, source: str = "the parameter file") -> CheckedStart:

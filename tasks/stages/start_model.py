@@ -150,7 +150,7 @@ def resolve_start(params: PipelineParams, start: StartModel) -> BaseResult:
         folder=str(folder),
         weights_sha256=sha256_file(kept.weights),
         model=checked.model,
-        tokenizer=tokenizer_manifest(params, kept.tokenizer, root),
+        tokenizer=_tokenizer_manifest(params, kept.tokenizer, root),
         files=file_record(kept.weights, kept.config, kept.tokenizer),
         outputs=[str(folder)],
         figures={"base_model_uri": start.uri, **checked.lineage},
@@ -168,7 +168,7 @@ def _kept_copy(files: Any, folder: Path) -> Path:
     return folder
 
 
-def tokenizer_manifest(params: PipelineParams, tokenizer: Path, root: Path) -> TokenizerManifest:
+def _tokenizer_manifest(params: PipelineParams, tokenizer: Path, root: Path) -> TokenizerManifest:
     """The model's tokenizer as the tokens stage takes one: a tokenizer manifest over the corpus."""
     import tokenizers
 
