@@ -6,18 +6,22 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch, taken first where no CUDA driver is present; override for other setups.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
+# The oldest transformers the `hf` extra admits (pyproject.toml), with the tokenizers and huggingface-hub
+# it requires, installed beside the venv: tests/test_transformers_floor.py reads the exports with it too.
+TRANSFORMERS_FLOOR ?= transformers==4.51.3 tokenizers==0.21.4 huggingface-hub==0.36.2
 
 .PHONY: setup run test lint clean gpu-dry-run
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c 'import torch' 2>/dev/null; then \
 		echo "installing the CPU build of torch ($(TORCH_SPEC))"; \
 		$(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
 	fi
 	$(PIP) install -q -e '.[dev,hf,quant,team]'
+	$(PIP) install -q --upgrade --no-deps --target $(VENV)/transformers-floor $(TRANSFORMERS_FLOOR)
 	@touch $(STAMP)
 
 run: setup

@@ -257,6 +257,43 @@ def test_the_same_file_fine_tunes_a_base_of_the_modern_recipe_on_its_own_archite
     assert flow_run.data.params["model.recipe"] == "rotary+rmsnorm+qk_norm+swiglu+untied", "the base's"
 
 
+def test_the_registered_fine_tune_exports_its_adapter_in_peft_format_and_the_base_it_applies_to(
+    workspace: Workspace, modern: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """`gptpipe export --format peft` of a registered LoRA fine-tune (Qwen3's layout: the fused linears
+    split), loaded by `peft` onto `--format hf-base`, computes what `--format hf` (the merged model) does;
+    a registered model that is no fine-tune is refused in one line."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    uri = "models:/gptpipe-iteration-1-notes-modern@champion"
+    folders = {part: tmp_path / part for part in ("hf", "peft", "hf-base")}
+    for part, folder in folders.items():
+        done = subprocess.run(
+            [*GPTPIPE, "export", "--model", uri, "--format", part, "--output", str(folder)],
+            env=workspace.env, cwd=REPO, capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((folders["peft"] / "adapter_config.json").read_text())["target_modules"] == [
+        "mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj"
+    ]  # fmt: skip
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    merged = load(folders["hf"], local_files_only=True).eval()
+    tuned = peft.PeftModel.from_pretrained(load(folders["hf-base"], local_files_only=True), folders["peft"])
+    ids = torch.randint(0, merged.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (merged(ids).logits - tuned.eval()(ids).logits).abs().max().item() < 1e-4
+    refused = subprocess.run(
+        [*GPTPIPE, "export", "--model", "models:/tiny-modern@champion", "--format", "peft",
+         "--output", str(tmp_path / "none")],
+        env=workspace.env, cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: --model models:/tiny-modern@champion: its files hold no adapter (not a LoRA or QLoRA "
+        "fine-tune's merged model); --format peft takes one"
+    )
+
+
 def test_a_model_section_that_contradicts_the_base_is_one_line_naming_the_file_and_both_values(
     workspace: Workspace, modern: subprocess.CompletedProcess[str]
 ) -> None:

@@ -275,9 +275,18 @@ def _serve(server: CompletionServer, listener: socket.socket) -> None:
         server.stop()
 
 
+EXPORT_FORMATS = {
+    "hf": "the model as a Hugging Face folder (GPT-2's layout, or Llama's / Qwen3's); a fine-tune's merged",
+    "peft": "a LoRA or QLoRA fine-tune's adapter alone, in PEFT's format",
+    "hf-base": "the base a fine-tune's adapter applies to, as a Hugging Face folder",
+}
+
+
 def export_command(
     output: Path = typer.Option(..., "--output", help="the folder to write (refused when not empty)"),
-    format_: str = typer.Option("hf", "--format", help="hf: a Hugging Face GPT-2 folder"),
+    format_: str = typer.Option(
+        "hf", "--format", help="; ".join(f"{name}: {what}" for name, what in EXPORT_FORMATS.items())
+    ),
     checkpoint_directory: Path | None = typer.Option(None, "--checkpoint-directory"),
     checkpoint: str = typer.Option(
         "best", "--checkpoint", help="with --checkpoint-directory: best, final, latest"
@@ -287,37 +296,54 @@ def export_command(
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="default: the one the checkpoint names"),
     params_file: Path | None = typer.Option(None, "--params", help="parameter file naming the store"),
     iteration: int | None = typer.Option(None, "--iteration", min=1),
-    force: bool = typer.Option(False, "--force", help="replace a folder that is not empty"),
+    force: bool = typer.Option(False, "--force", help="replace a folder an earlier export wrote"),
 ) -> None:
-    """Export a trained model as a Hugging Face GPT-2 folder (`transformers` loads it offline)."""
+    """Export a trained model as a Hugging Face folder (`transformers` loads it offline), or a LoRA
+    fine-tune's adapter in PEFT's format (`peft` loads it onto the `hf-base` export)."""
     import json
 
     from gptcore.errors import ConfigError
-    from gptcore.export.hf import export_hf
     from tasks.params.loading import choice
-    from tasks.tracking.models.model_uri import card_facts_of
 
-    choice("--format", format_, ("hf",))
+    choice("--format", format_, tuple(EXPORT_FORMATS))
     sources = [source for source in (checkpoint_directory, checkpoint_file, model) if source is not None]
     if len(sources) != 1:
         raise ConfigError("gptpipe export: give one of --checkpoint-directory, --checkpoint-file or --model")
     with tempfile.TemporaryDirectory(prefix="gptpipe-model-") as scratch:  # a downloaded model's files
         if model is not None:
-            _, params = resolve_params(params_file, iteration, [])
-            refusal = (
-                "a {} model; the Hugging Face export takes the fp32 one "
-                "(the checkpoint it was quantized from)"
-            )
-            trained, files = _fp32_model(model, params, Path(scratch), refusal)
-            facts = card_facts_of(model, params.tracking)  # the model card: what the registry says of it
-            folder = export_hf(trained, Path(tokenizer or files.tokenizer), output, force=force, facts=facts)
+            folder = _export_model(model, format_, output, tokenizer, params_file, iteration, force, scratch)
         else:
             from gptcore.checkpoint.load import choose_checkpoint
             from tasks.stages.export import export_checkpoint
 
             path = checkpoint_file or choose_checkpoint(checkpoint_directory, checkpoint)
-            folder = export_checkpoint(path, output, tokenizer, force=force)
+            folder = export_checkpoint(path, output, tokenizer, force=force, part=format_)
     print(json.dumps({"format": format_, "output": str(folder.resolve()), "source": str(sources[0])}))
+
+
+def _export_model(
+    model: str, format_: str, output: Path, tokenizer: Path | None, params_file: Path | None,
+    iteration: int | None, force: bool, scratch: str,
+) -> Path:  # fmt: skip
+    """`gptpipe export --model`: the registered model's files exported as `format_` says."""
+    from gptcore.checkpoint.merge import read_adapter_files
+    from gptcore.errors import ConfigError
+    from tasks.stages.export import export_part
+    from tasks.tracking.models.model_uri import card_facts_of
+
+    _, params = resolve_params(params_file, iteration, [])
+    refusal = "a {} model; the export takes the fp32 one (the checkpoint it was quantized from)"
+    trained, files = _fp32_model(model, params, Path(scratch), refusal)
+    adapter = None
+    if format_ != "hf":
+        if files.adapter is None:
+            raise ConfigError(
+                f"--model {model}: its files hold no adapter (not a LoRA or QLoRA fine-tune's merged model); "
+                f"--format {format_} takes one"
+            )
+        adapter = read_adapter_files(files.adapter)
+    facts = card_facts_of(model, params.tracking)  # the model card: what the registry says of it
+    return export_part(format_, trained, adapter, Path(tokenizer or files.tokenizer), output, force, facts)
 
 
 METHODS_HELP = "comma-separated: fp32, bf16, int8-weight-only, int8-dynamic, int4-weight-only"

@@ -9,6 +9,7 @@ base and adapters), for the trainer to resume exactly; they are read once more, 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from gptcore.checkpoint import files as ckpt
@@ -85,12 +86,20 @@ def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, 
     main thread (docs/benchmarks.md, Serving)."""
     from safetensors.torch import save_file
 
+    from gptcore.checkpoint.merge import merged_adapter, write_adapter_files
+
     record = plain_record(checkpoint)
     config = record.architecture(checkpoint)
-    state = ckpt.load_checkpoint(checkpoint)["model"]
+    payload = ckpt.load_checkpoint(checkpoint)
+    state = dict(payload["model"])
+    folder.mkdir(parents=True, exist_ok=True)
+    adapter = None
+    if record.merged_from is not None and "adapter" in payload:  # a merged fine-tune's: its adapter too
+        settings = record.merged_from.adapters
+        adapter = write_adapter_files(merged_adapter(payload, settings), settings, record, folder)
     if config.tie_embeddings:  # tied to `lm_head.weight`: once, as `save_model` keeps it
         state.pop("transformer.wte.weight", None)
-    folder.mkdir(parents=True, exist_ok=True)
     weights = folder / WEIGHTS
     save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(weights))
-    return with_config(weights, config, checkpoint_tokenizer(record), folder, "fp32"), record
+    files = with_config(weights, config, checkpoint_tokenizer(record), folder, "fp32")
+    return replace(files, adapter=adapter), record

@@ -138,7 +138,7 @@ def export_hf(
 
     output = Path(output)
     state_dict, config = layout(model.config)  # a recipe no layout holds: refused before any writing
-    _check_output(output, force)
+    check_output(output, force)
     check_tokenizer(tokenizer_path, model.config.vocab_size)  # loadable, and fits the model
     eot_id, eot = end_of_text_of(tokenizer_path)
     weights = state_dict(model)
@@ -171,14 +171,15 @@ def export_hf(
     return output
 
 
-# What an export writes: `--force` replaces a folder holding these alone (an earlier export), nothing else.
+# What an export writes (a model's folder, or PEFT's adapter: gptcore.finetune.peft): `--force` replaces
+# a folder holding these alone (an earlier export), nothing else.
 EXPORT_FILES = frozenset(
     {"model.safetensors", "config.json", "tokenizer.json", "special_tokens_map.json", "tokenizer_config.json",
-     "generation_config.json", "README.md"}
+     "generation_config.json", "README.md", "adapter_config.json", "adapter_model.safetensors"}
 )  # fmt: skip
 
 
-def _check_output(output: Path, force: bool) -> None:
+def check_output(output: Path, force: bool) -> None:
     """An output folder that is absent or empty; with `force`, also one an earlier export wrote."""
     if not output.exists() and not output.is_symlink():
         return

@@ -102,7 +102,11 @@ def llama_config(model: GPT, end_of_text: int) -> JSONObject:
         "head_dim": cfg.head_dim(),
         "hidden_act": "silu",
         "max_position_embeddings": cfg.block_size,
+        # The rotary settings in both spellings: transformers 5 reads `rope_parameters`, 4.x `rope_theta`
+        # and `rope_scaling` at the top level (and takes 10000 for a missing rope_theta, without a word).
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
         "rms_norm_eps": RMS_NORM_EPS,
         "attention_bias": cfg.bias,
         "attention_dropout": 0.0,
@@ -112,6 +116,7 @@ def llama_config(model: GPT, end_of_text: int) -> JSONObject:
         "eos_token_id": end_of_text,
         "tie_word_embeddings": cfg.tie_embeddings,
         "dtype": "float32",
+        "torch_dtype": "float32",  # 4.x's name for `dtype`
     }
     if cfg.qk_norm:  # Qwen3: attention biases only (check_llama), every layer full attention
         qwen3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}

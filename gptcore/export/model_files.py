@@ -31,6 +31,10 @@ INT8_WEIGHTS = "model.pt"
 CONFIG = "model_config.json"
 TOKENIZER = "tokenizer.json"
 QUANTIZATION = "quantization.json"
+# A LoRA fine-tune's adapter beside its merged weights (gptcore.checkpoint.merge writes the pair): what
+# `gptpipe export --format peft` turns into PEFT's format and `--format hf-base` takes back out.
+ADAPTER = "adapter.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class ModelFiles:
     tokenizer: Path
     quantization: Path | None = None  # absent: the trained fp32 weights
     chat_template: Path | None = None  # a chat model's (gptcore.chat.template); absent: it cannot chat
+    adapter: Path | None = None  # a merged LoRA fine-tune's adapter, its config beside it; absent: none
 
     @property
     def method(self) -> str:
@@ -56,6 +61,8 @@ class ModelFiles:
             files["quantization"] = self.quantization
         if self.chat_template is not None:
             files["chat_template"] = self.chat_template
+        if self.adapter is not None:
+            files |= {"adapter": self.adapter, "adapter_config": self.adapter.with_name(ADAPTER_CONFIG)}
         return {name: str(path) for name, path in files.items()}
 
 
@@ -125,10 +132,11 @@ def model_files_in(folder: Path) -> ModelFiles:
     int8 = folder / INT8_WEIGHTS
     weights = int8 if int8.is_file() else folder / WEIGHTS
     named = quantization if quantization.is_file() else None
-    template = folder / CHAT_TEMPLATE_FILE
+    template, adapter = folder / CHAT_TEMPLATE_FILE, folder / ADAPTER
     return ModelFiles(
-        weights, folder / CONFIG, folder / TOKENIZER, named, template if template.is_file() else None
-    )
+        weights, folder / CONFIG, folder / TOKENIZER, named, template if template.is_file() else None,
+        adapter if adapter.is_file() else None,
+    )  # fmt: skip
 
 
 def model_files_at(folder: Path) -> ModelFiles:

@@ -115,6 +115,21 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
+def unmerge_lora(model: nn.Module, adapter: dict[str, torch.Tensor], settings: LoRAConfig) -> nn.Module:
+    """The model an adapter applies to, from the model it was merged into, in place: each adapted weight
+    less the update `LoRALinear.merged` added (the same B·A·alpha/r, so the base comes back to fp32's
+    rounding; a QLoRA base's adapted layers as the dequantized weights the adapters trained against). A
+    trained embedding, which the adapter carries whole, stays as trained."""
+    scale = settings.alpha / settings.r
+    with torch.no_grad():
+        for name, lora_a in adapter.items():
+            if name.endswith(".lora_a"):
+                layer = name.removesuffix(".lora_a")
+                weight = model.get_parameter(f"{layer}.weight")
+                weight.sub_(((adapter[f"{layer}.lora_b"] @ lora_a) * scale).to(weight.dtype))
+    return model
+
+
 def adapter_state_dict(model: nn.Module, embedding: bool = False) -> dict[str, torch.Tensor]:
     """The adapters' weights alone (`<layer>.lora_a`, `<layer>.lora_b`; the embedding too when it
     trained: `embedding`), copied to the CPU."""

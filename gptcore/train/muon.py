@@ -19,12 +19,12 @@ AVX2-only one): `Muon` here is torch's with the iterations' dtype chosen per dev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim._muon import _adjust_lr  # torch's per-shape rate (pinned torch: its private helper)
 
 from gptcore.runtime.precision_speed import cpu_native
 
@@ -37,6 +37,19 @@ def orthogonal_dtype(device: str) -> torch.dtype:
     if device == "cuda" or (device == "cpu" and cpu_native("bf16")):
         return torch.bfloat16
     return torch.float32
+
+
+def adjusted_rate(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """The rate of one matrix of `shape` (out x in), as torch's Muon scales it (`adjust_lr_fn`): "original"
+    (Jordan's, the default) by sqrt(max(1, out/in)), "match_rms_adamw" (Moonshot's) to AdamW's update size,
+    0.2·sqrt(max(out, in)). torch keeps this in a private helper (torch.optim._muon._adjust_lr); written
+    here so an upgrade that moves it breaks no import, and tests/test_contracts.py holds the two equal."""
+    rows, columns = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return lr * math.sqrt(max(1.0, rows / columns))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, columns))
+    return lr
 
 
 def orthogonalise(update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
@@ -79,7 +92,7 @@ class Muon(torch.optim.Muon):
                     update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.dtype
                 )
                 parameter.mul_(1 - lr * group["weight_decay"])
-                parameter.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], parameter.shape))
+                parameter.add_(update, alpha=-adjusted_rate(lr, group["adjust_lr_fn"], parameter.shape))
 
 
 def hidden_matrices(model: nn.Module) -> set[int]:

@@ -4,15 +4,23 @@ export code."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptcore.export.card import CardFacts
 from tasks.results import StageResult, file_record
 from tasks.stage import announce
 from tasks.stages.evaluate import AfterEvaluation
 from tasks.stages.training import run_directory
+
+if TYPE_CHECKING:
+    import torch
+
+    from gptcore.finetune.config import LoRAConfig
+    from gptcore.model.config import ModelConfig
+    from gptcore.model.gpt import GPT
 
 
 class ExportResult(StageResult):
@@ -85,16 +93,53 @@ def export_checkpoint(
     tokenizer: Path | None = None,
     force: bool = False,
     facts: CardFacts | None = None,
+    part: str = "hf",
 ) -> Path:
-    """What the export stage and `gptpipe export` both do with a checkpoint: its model as a Hugging Face
-    folder in `output` with `tokenizer` (default: the one the checkpoint names) and a model card of
-    `facts` (default: what the checkpoint's record says); the folder."""
+    """What the export stage and `gptpipe export` both do with a checkpoint: `part` of it (`export_part`)
+    in `output` with `tokenizer` (default: the one the checkpoint names) and a model card of `facts`
+    (default: what the checkpoint's record says); the folder. The adapter (`peft`) is taken from an
+    adapted checkpoint or one merged from it; a model (`hf`, `hf-base`) from a plain or merged one."""
     from gptcore.checkpoint.load import load_model
-    from gptcore.export.hf import export_hf
+    from gptcore.checkpoint.merge import adapter_of
     from gptcore.export.model_files import checkpoint_tokenizer
 
+    adapter = None
+    if part != "hf":
+        weights, settings, record = adapter_of(checkpoint)
+        adapter = (weights, settings)
+    if part == "peft":
+        return export_part(part, record.architecture(checkpoint), adapter, None, output, force, None)
     model, record = load_model(checkpoint)
     if facts is None:
         said = {"step": record.step, "val_loss": record.val_loss}
         facts = CardFacts(name=Path(output).name, facts={k: v for k, v in said.items() if v is not None})
-    return export_hf(model, Path(tokenizer or checkpoint_tokenizer(record)), output, force=force, facts=facts)
+    tokenizer = Path(tokenizer or checkpoint_tokenizer(record))
+    return export_part(part, model, adapter, tokenizer, output, force, facts)
+
+
+def export_part(
+    part: str,
+    model: GPT | ModelConfig,
+    adapter: tuple[dict[str, torch.Tensor], LoRAConfig] | None,
+    tokenizer: Path | None,
+    output: Path,
+    force: bool,
+    facts: CardFacts | None,
+) -> Path:
+    """`part` of a model in `output`: `hf` the model itself as a Hugging Face folder; `peft` its `adapter`
+    alone in PEFT's format (`model` may be just its config); `hf-base` the base the adapter applies to
+    (the model less the adapter's updates: `gptcore.finetune.lora.unmerge_lora`) as a Hugging Face
+    folder."""
+    from gptcore.export.hf import export_hf
+    from gptcore.finetune.lora import unmerge_lora
+    from gptcore.finetune.peft import write_peft_adapter
+    from gptcore.model.config import ModelConfig
+    from gptcore.model.gpt import GPT
+
+    if part == "peft" and adapter is not None:
+        config = model if isinstance(model, ModelConfig) else model.config
+        return write_peft_adapter(*adapter, config, output, force=force)
+    assert isinstance(model, GPT) and tokenizer is not None  # the Hugging Face folders need the weights
+    if part == "hf-base" and adapter is not None:
+        model = unmerge_lora(copy.deepcopy(model), *adapter)
+    return export_hf(model, tokenizer, output, force=force, facts=facts)

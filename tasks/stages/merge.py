@@ -85,12 +85,15 @@ class Merged:
     """A LoRA run's checkpoints merged (`merge_adapted`): the plain checkpoints, and the adapters alone."""
 
     checkpoints: list[Path]  # each adapted checkpoint with its adapters folded into its weights
-    adapter: Path  # adapter.safetensors, beside it adapter_config.json
+    adapter: Path  # adapter.safetensors, beside it adapter_config.json and PEFT's folder
 
     def outputs(self) -> list[Path]:
-        from gptcore.checkpoint.merge import ADAPTER_CONFIG
+        from gptcore.checkpoint.merge import ADAPTER_CONFIG, PEFT
+        from gptcore.finetune.peft import PEFT_CONFIG, PEFT_WEIGHTS
 
-        return [*self.checkpoints, self.adapter, self.adapter.with_name(ADAPTER_CONFIG)]
+        peft = self.adapter.with_name(PEFT)
+        pair = [self.adapter, self.adapter.with_name(ADAPTER_CONFIG)]
+        return [*self.checkpoints, *pair, peft / PEFT_CONFIG, peft / PEFT_WEIGHTS]
 
 
 def merge_adapted(checkpoints: list[Path], folder: Path, adapted: Path, adapter_folder: Path) -> Merged:
