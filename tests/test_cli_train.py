@@ -232,7 +232,7 @@ def test_a_missing_dependency_is_one_line_naming_the_package_and_the_way_around(
     )
     assert tracked.returncode == 1 and "Traceback" not in tracked.stderr
     assert tracked.stderr.strip().splitlines() == [
-        "error: the Python package 'mlflow' is not installed: pip install 'mlflow>=3.17,<4', "
+        "error: the Python package 'mlflow' is not installed: pip install 'mlflow>=3.17.2,<4', "
         "or add --no-track (gptpipe train, gptpipe compare) to run without MLflow"
     ]
     no_pydantic = _without("pydantic", "train", "--iteration", "1", "--dry-run")

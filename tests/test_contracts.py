@@ -131,3 +131,21 @@ def test_prefects_server_factory_and_the_settings_of_its_temporary_server() -> N
     assert callable(server.create_app)
     source = inspect.getsource(server)
     assert '"PREFECT__SERVER_EPHEMERAL"' in source and '"PREFECT__SERVER_FINAL"' in source
+
+
+def test_mlflows_ui_keeps_the_view_and_the_assistant_under_the_keys_gptpipe_ui_sets() -> None:
+    """tasks.tracking.ui sets two of the UI's localStorage keys (its build's names, without the
+    `_v1` its storage hook appends) and mounts a page on MLflow's Flask app under its FastAPI app."""
+    import flask
+    import mlflow.server
+    import mlflow.server.fastapi_app
+
+    from tasks.tracking.ui import KEPT
+
+    build = Path(mlflow.server.__file__).parent / "js" / "build" / "static" / "js"
+    scripts = "".join(path.read_text(encoding="utf-8", errors="ignore") for path in build.glob("main.*.js"))
+    for key in KEPT:
+        name = key.removesuffix("_v1")
+        assert f'key:"{name}",version:1' in scripts, f"the UI no longer stores {name} (version 1)"
+    assert isinstance(mlflow.server.app, flask.Flask)
+    assert mlflow.server.fastapi_app.app is not None

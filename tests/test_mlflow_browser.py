@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +18,11 @@ from process_support import free_port, stop_process_group
 from tracking_support import tracked_training
 from waiting import answers, until
 
-from flows.cli.tracking import MODEL_TRAINING_VIEW, server_command, server_environment
+from flows.cli.tracking import server_command, server_environment
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from tasks.params.schema import TrackingConfig
 from tasks.tracking import DeliverySettings, TrackingSession
+from tasks.tracking.ui import MODEL_TRAINING_VIEW, training_view_url
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = [
@@ -93,11 +95,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         stop_process_group(process, grace_seconds=20)
 
 
-def rendered(url: str, budget_ms: int = 10000) -> str:
-    """The page's DOM after its scripts ran (`budget_ms` of virtual time), as headless Chromium sees it."""
+def rendered(url: str, budget_ms: int = 10000, profile: Path | None = None) -> str:
+    """The page's DOM after its scripts ran (`budget_ms` of virtual time), as headless Chromium sees it;
+    in the browser profile `profile` (kept between calls: its localStorage too), else a fresh one."""
     command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--window-size=2400,1400", f"--virtual-time-budget={budget_ms}",  # wide: every column shows
                "--dump-dom", url]  # fmt: skip
+    if profile is not None:
+        command.insert(1, f"--user-data-dir={profile}")
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     return result.stdout
 
@@ -130,3 +135,21 @@ def test_the_runs_page_shows_datasets_and_models_and_the_registry_shows_the_cham
     registry_page = text_of(rendered(f"{url}/#/models/{MODEL_NAME}"))
     assert "Version 1" in registry_page and "@ champion" in registry_page
     assert "@<method>" in registry_page, "the description's alias names are shown, not read as HTML tags"
+
+
+def test_a_fresh_browser_opens_gptpipes_run_address_as_a_training_run_with_the_assistant_closed(
+    served: dict[str, Any], tmp_path: Path
+) -> None:
+    """MLflow 3.17 opens a run without a logged model as a GenAI "evaluation", with its Assistant panel
+    open; the address the pipeline prints (`TrackingSession.run_url`) goes through `gptpipe ui`'s
+    training-view page, after which the same browser opens every run as a training run."""
+    url, (experiment_id, run_ids) = served["url"], served["runs"]
+    route = f"/experiments/{experiment_id}/runs/{run_ids[0]}"
+    panel = "Ask questions about your experiments"  # the open Assistant panel's words (its button has none)
+    plain = text_of(rendered(f"{url}/#{route}", profile=tmp_path / "untouched"))
+    assert "Evaluations" in plain and panel in plain, "MLflow's own first view"
+    first = text_of(rendered(training_view_url(url, route), profile=tmp_path / "fresh"))
+    assert "tokens_per_second" in first and "Evaluations" not in first and panel not in first
+    other = f"{url}/#/experiments/{experiment_id}/runs/{run_ids[1]}"  # as a click in the runs table opens
+    later = text_of(rendered(other, profile=tmp_path / "fresh"))
+    assert "tokens_per_second" in later and "Evaluations" not in later and panel not in later

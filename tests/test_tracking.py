@@ -173,15 +173,19 @@ def test_experiments_are_model_training_and_gptpipe_ui_opens_on_their_runs_table
     from flows.cli.tracking import runs_page
 
     base, config = "http://127.0.0.1:5000", TrackingConfig(uri=f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}")
-    assert runs_page(resolve_target(config), "gptpipe-iteration-1", base) == base, "no store: the home page"
+    home = f"{base}/gptpipe/training-view"  # the UI's home, through the page that keeps the training view
+    assert runs_page(resolve_target(config), "gptpipe-iteration-1", base) == home, "no store: the home page"
     assert not (tmp_path / "none").exists(), "looking did not create a store"
 
     config = TrackingConfig(uri=fresh_store(tmp_path), experiment="gptpipe-iteration-1")
     target = resolve_target(config)
-    assert runs_page(target, "gptpipe-iteration-1", base) == base, "no runs recorded yet: the home page"
+    assert runs_page(target, "gptpipe-iteration-1", base) == home, "no runs recorded yet: the home page"
     session = TrackingSession.open(config)
     page = runs_page(target, "gptpipe-iteration-1", base)
-    assert page == f"{base}/#/experiments/{session.experiment_id}/runs?workflowType=machine_learning"
+    assert page == f"{home}#/experiments/{session.experiment_id}/runs?workflowType=machine_learning"
+    run = session.client.create_run(session.experiment_id).info.run_id
+    route = f"/experiments/{session.experiment_id}/runs/{run}"
+    assert session.run_url(run) == f"{home}#{route}?workflowType=machine_learning", "a training run's page"
     kind = session.client.get_experiment(session.experiment_id).tags["mlflow.experimentKind"]
     assert kind == "custom_model_development", "MLflow's UI opens it as model training, not GenAI"
 

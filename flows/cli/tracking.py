@@ -41,6 +41,7 @@ def server_command(target: TrackingTarget, host: str = "127.0.0.1", port: int = 
         "--default-artifact-root", artifacts,
         "--host", host, "--port", str(port),
         "--workers", "1",
+        "--app-name", "gptpipe-ui",  # MLflow's app and the training-view page (tasks.tracking.ui)
     ]  # fmt: skip
 
 
@@ -80,21 +81,19 @@ def ui_command(
         raise ConfigError(f"mlflow server exited with status {code} (is port {port} in use? try --port)")
 
 
-# Asked of MLflow's UI in the address too: it keeps the last mode a browser used, GenAI by default.
-MODEL_TRAINING_VIEW = "workflowType=machine_learning"
-
-
 def runs_page(target: TrackingTarget, experiment: str, base: str) -> str:
     """The runs table of `experiment` in the UI at `base` over a local store, shown as model training;
     the UI's home page while the store has no such experiment (nothing recorded yet)."""
+    from tasks.tracking.ui import training_view_url
+
     if target.database is None or not target.database.exists():
-        return base  # no store yet: opening it here would create it
+        return training_view_url(base)  # no store yet: opening it here would create it
     from tasks.tracking.store import experiment_id_named
 
     found = experiment_id_named(target, experiment)  # None from a store that cannot be read: the UI says why
     if found is None:
-        return base
-    return f"{base.rstrip('/')}/#/experiments/{found}/runs?{MODEL_TRAINING_VIEW}"
+        return training_view_url(base)
+    return training_view_url(base, f"/experiments/{found}/runs")
 
 
 def open_when_answering(base: str, page: str, seconds: float = 120.0) -> None:

@@ -1,7 +1,8 @@
 """MLflow tracking, one package: where records go and what never goes there (`store`), the one
 writer every call goes through (`writer`), a training run's callback on top of it (`callback`), a
 checked session on one experiment (`session`), a flow run's parent and stage runs (`recorder`), and the
-runs other flows and commands open and find (`parent_run`, `run_search`): flows reach MLflow only here.
+runs other flows and commands open and find (`parent_run`, `run_search`), and the UI's addresses and
+`gptpipe ui`'s page in it (`ui`): flows reach MLflow only here.
 
 Run ids are passed explicitly everywhere: nothing uses MLflow's thread-local active run.
 """

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.tracking.callback import MLflowCallback
 from tasks.tracking.delivery.writer import OUTBOX_DIRECTORY
 from tasks.tracking.store import TrackingTarget, connect, ensure_experiment, resolve_target
+from tasks.tracking.ui import MODEL_TRAINING_VIEW, training_view_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -58,9 +59,13 @@ class TrackingSession:
         return database.parent / "outbox" if database is not None else OUTBOX_DIRECTORY.resolve()
 
     def run_url(self, run_id: str, ui: str | None = None) -> str:
-        """Where a run is in the MLflow UI (`gptpipe ui` serves the local store at the default address)."""
-        base = ui or (self.target.uri if self.target.is_http else "http://127.0.0.1:5000")
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        """Where a run is in the MLflow UI, shown as a training run: `gptpipe ui` serves the local store
+        at the default address (or `ui`), through its training-view page; a tracking server's UI is asked
+        for the model-training view in the address alone."""
+        route = f"/experiments/{self.experiment_id}/runs/{run_id}"
+        if self.target.is_http and ui is None:
+            return f"{self.target.uri.rstrip('/')}/#{route}?{MODEL_TRAINING_VIEW}"
+        return training_view_url(ui or "http://127.0.0.1:5000", route)
 
 
 def run_label(params: PipelineParams, params_path: str | Path | None) -> str:
