@@ -142,4 +142,5 @@ def export_part(
     assert isinstance(model, GPT) and tokenizer is not None  # the Hugging Face folders need the weights
     if part == "hf-base" and adapter is not None:
         model = unmerge_lora(copy.deepcopy(model), *adapter)
+        facts = None  # the fine-tune's figures are not the base's: its card says what the model itself does
     return export_hf(model, tokenizer, output, force=force, facts=facts)
