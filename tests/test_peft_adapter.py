@@ -146,3 +146,23 @@ def test_a_qlora_adapter_in_peft_format_computes_the_fine_tune_on_the_dequantize
         ours, _ = model.eval()(ids, ids)
     for adapter in (folder / PEFT, tmp_path / "peft"):
         assert (ours - peft_logits(tmp_path / "base", adapter, ids)).abs().max().item() < 1e-4
+
+
+def test_an_adapter_that_cannot_be_read_is_one_line_naming_what_the_user_named(
+    tmp_path: Path, base: Path
+) -> None:
+    from gptcore.checkpoint import files as ckpt
+    from gptcore.checkpoint.merge import ADAPTER_CONFIG, read_adapter_files
+    from gptcore.errors import DataError
+
+    train(finetune(tmp_path / "run", base), Recorder())
+    merged = merge_checkpoint(tmp_path / "run" / "final.pt", tmp_path / "merged")
+    state = load_checkpoint(merged)  # as an earlier gptpipe merged it: the weights alone
+    record = ckpt.checkpoint_metadata(merged).unpublished()
+    older, _ = ckpt.save_checkpoint(tmp_path / "older", "final", {"model": state["model"]}, record)
+    with pytest.raises(CheckpointError, match=r"an earlier gptpipe.*gptpipe merge --checkpoint-file "):
+        adapter_of(older)
+    adapter = write_adapter(merged, tmp_path / "adapter")
+    adapter.with_name(ADAPTER_CONFIG).write_text('{"r": "eight"}')
+    with pytest.raises(DataError, match=r"^--model models:/x/1: adapter.safetensors: the adapter.s files"):
+        read_adapter_files(adapter, source="--model models:/x/1")

@@ -341,7 +341,7 @@ def _export_model(
                 f"--model {model}: its files hold no adapter (not a LoRA or QLoRA fine-tune's merged model); "
                 f"--format {format_} takes one"
             )
-        adapter = read_adapter_files(files.adapter)
+        adapter = read_adapter_files(files.adapter, source=f"--model {model}")
     facts = card_facts_of(model, params.tracking)  # the model card: what the registry says of it
     return export_part(format_, trained, adapter, Path(tokenizer or files.tokenizer), output, force, facts)
 

@@ -28,7 +28,7 @@ import torch
 
 from gptcore.checkpoint import files as ckpt
 from gptcore.checkpoint.record import CheckpointRecord, MergedFrom
-from gptcore.errors import CheckpointError
+from gptcore.errors import CheckpointError, DataError, first_line
 from gptcore.export.model_files import ADAPTER, ADAPTER_CONFIG
 from gptcore.finetune.config import LoRAConfig, QLoRAConfig, adapter_settings
 from gptcore.finetune.lora import EMBEDDING_WEIGHTS, adapter_weights, merge_lora
@@ -79,9 +79,14 @@ def adapter_of(checkpoint: Path) -> tuple[dict[str, torch.Tensor], LoRAConfig, C
     trained), their settings and the checkpoint's record; a CheckpointError for any other."""
     record = ckpt.checkpoint_metadata(checkpoint)
     state = ckpt.load_checkpoint(checkpoint)
-    if record.merged_from is not None and "adapter" in state:
-        settings = record.merged_from.adapters
-        return merged_adapter(state, settings), settings, record
+    source = record.merged_from
+    if source is not None and "adapter" in state:
+        return merged_adapter(state, source.adapters), source.adapters, record
+    if source is not None:
+        raise CheckpointError(
+            f"{checkpoint}: merged by an earlier gptpipe, which kept no adapter beside the weights: merge "
+            f"again (gptpipe merge --checkpoint-file {source.checkpoint})"
+        )
     settings = adapters_of(checkpoint, record)
     return adapter_weights(state["model"], settings.train_embedding), settings, record
 
@@ -116,13 +121,23 @@ def write_adapter_files(
     return folder / ADAPTER
 
 
-def read_adapter_files(weights: Path) -> tuple[dict[str, torch.Tensor], LoRAConfig]:
-    """gptpipe's adapter pair as `write_adapter_files` wrote it (`weights`, its config beside it)."""
+def read_adapter_files(
+    weights: Path, source: str | None = None
+) -> tuple[dict[str, torch.Tensor], LoRAConfig]:
+    """gptpipe's adapter pair as `write_adapter_files` wrote it (`weights`, its config beside it); files
+    that cannot be read are one DataError naming `source` (what the user named) or their folder."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    described = json.loads(Path(weights).with_name(ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    fields = {key: value for key, value in described.items() if key not in ("method", "base_weights_sha256")}
-    return load_file(str(weights)), adapter_settings(fields)
+    try:
+        described = json.loads(Path(weights).with_name(ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        fields = {
+            key: value for key, value in described.items() if key not in ("method", "base_weights_sha256")
+        }
+        return load_file(str(weights)), adapter_settings(fields)
+    except (OSError, ValueError, AttributeError, SafetensorError) as error:  # damaged, or not gptpipe's
+        shown = f"{source}: {ADAPTER}" if source else str(Path(weights).parent)
+        raise DataError(f"{shown}: the adapter's files cannot be read ({first_line(error)})") from None
 
 
 def adapters_of(checkpoint: Path, record: CheckpointRecord) -> LoRAConfig:
