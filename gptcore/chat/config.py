@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from gptcore.data.config import check_source
 from gptcore.tools.strict import Strict
 
 BUILTIN_DOCSTRINGS = "builtin:python-docstrings"
@@ -44,13 +45,6 @@ class ChatDataConfig(Strict):
 
     @model_validator(mode="after")
     def _source_has_its_settings(self) -> ChatDataConfig:
-        if self.source == "local" and not self.paths:
-            raise ValueError("source 'local' needs chat.paths: conversation files (.jsonl, .parquet)")
-        if self.source == "hub" and not self.hub_name:
-            raise ValueError("source 'hub' needs chat.hub_name: a dataset of conversations on the hub")
-        if self.validation_fraction + self.test_fraction >= 1.0:
-            raise ValueError(
-                f"chat.validation_fraction {self.validation_fraction} + chat.test_fraction "
-                f"{self.test_fraction} leave nothing to train on; their sum must be below 1"
-            )
+        paths_are, hub_is = "conversation files (.jsonl, .parquet)", "a dataset of conversations on the hub"
+        check_source(self, "chat", paths_are, hub_is)
         return self

@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import Field, model_validator
 
 from gptcore.tools.strict import Strict
+
+
+class Sourced(Protocol):
+    """A section that reads a source of text and splits it (`corpus`, a chat fine-tune's `chat`)."""
+
+    source: str
+    paths: list[str]
+    hub_name: str | None
+    validation_fraction: float
+    test_fraction: float
+
+
+def check_source(section: Sourced, name: str, paths_are: str, hub_is: str) -> None:
+    """A ValueError naming the key of section `name` that its source lacks (local: `paths`, what they
+    are; hub: `hub_name`, what it names), or the split fractions that leave nothing to train on."""
+    if section.source == "local" and not section.paths:
+        raise ValueError(f"source 'local' needs {name}.paths: {paths_are}")
+    if section.source == "hub" and not section.hub_name:
+        raise ValueError(f"source 'hub' needs {name}.hub_name: {hub_is}")
+    if section.validation_fraction + section.test_fraction >= 1.0:
+        raise ValueError(
+            f"{name}.validation_fraction {section.validation_fraction} + {name}.test_fraction "
+            f"{section.test_fraction} leave nothing to train on; their sum must be below 1"
+        )
 
 
 class CorpusConfig(Strict):
@@ -50,15 +74,7 @@ class CorpusConfig(Strict):
 
     @model_validator(mode="after")
     def _source_has_its_settings(self) -> CorpusConfig:
-        if self.source == "local" and not self.paths:
-            raise ValueError("source 'local' needs corpus.paths: a list of files, folders or globs")
-        if self.source == "hub" and not self.hub_name:
-            raise ValueError("source 'hub' needs corpus.hub_name: a dataset name on the hub")
-        if self.validation_fraction + self.test_fraction >= 1.0:
-            raise ValueError(
-                f"corpus.validation_fraction {self.validation_fraction} + corpus.test_fraction "
-                f"{self.test_fraction} leave nothing to train on; their sum must be below 1"
-            )
+        check_source(self, "corpus", "a list of files, folders or globs", "a dataset name on the hub")
         return self
 
 
