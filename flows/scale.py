@@ -26,10 +26,6 @@ from flows.sweep import data_stages, run_trials
 from flows.trials import TableRun, TrialResult
 from gptcore.errors import ConfigError
 from gptcore.scaling.plan import (
-    MAX_EXTRAPOLATION,
-    MIN_BUDGETS,
-    MIN_POINTS,
-    MIN_SIZES,
     Budget,
     Limits,
     Planned,
@@ -40,7 +36,15 @@ from gptcore.scaling.points import ScalingPoint
 from gptcore.scaling.study import Study, study
 from gptcore.tools.markdown import table
 from gptcore.tools.records import JSONObject
-from tasks.params.scale import candidates, dial_size, grid_trials, shared_overrides, write_planned
+from tasks.params.scale import (
+    candidates,
+    dial_size,
+    grid_trials,
+    shared_overrides,
+    study_settings,
+    target_budget,
+    write_planned,
+)
 from tasks.params.schema import PipelineParams, ScaleConfig
 from tasks.params.sweep import Trial
 from tasks.tracking import ParentRun
@@ -83,34 +87,6 @@ def scale(params_path: str, overrides: list[str] | None = None, options: dict[st
         rows = [result.row().to_dict() for result in results]
         where = TableRun(run.session, run.run_id, "Scaling grid", "scaling_trials.json", "gptpipe-scale")
         where.publish(rows, trials_table(results), done, "the scaling grid's runs")
-
-
-def study_settings(section: ScaleConfig, options: dict[str, Any]) -> ScaleConfig:
-    """The file's `scale:` section with the command line's options where given, validated again."""
-    given = {key: value for key, value in options.items() if value is not None}
-    return ScaleConfig.model_validate(section.model_dump() | given)
-
-
-def target_budget(settings: ScaleConfig) -> Budget:
-    """The planned run's budget, refused now (before anything trains) when the grid cannot claim it."""
-    if settings.target_seconds is not None:
-        return Budget(seconds=settings.target_seconds)
-    largest = max(settings.budgets)
-    flops = settings.target_flops or 4 * largest
-    if flops > MAX_EXTRAPOLATION * largest:
-        raise ConfigError(
-            f"scale.target_flops {flops:.3g}: {flops / largest:.0f}x the grid's largest budget "
-            f"({largest:.3g}); the fit claims at most {MAX_EXTRAPOLATION:g}x: add a larger budget to "
-            "scale.budgets"
-        )
-    sizes, budgets = len(set(settings.depths)), len(set(settings.budgets))
-    if sizes * budgets < MIN_POINTS or sizes < MIN_SIZES or budgets < MIN_BUDGETS:
-        raise ConfigError(
-            f"scale: too few points to fit: {sizes} depths x {budgets} budgets; the law's five coefficients "
-            f"need at least {MIN_POINTS} runs over {MIN_BUDGETS} budgets of {MIN_SIZES} depths (add to "
-            "scale.depths or scale.budgets)"
-        )
-    return Budget(flops=flops)
 
 
 def one_epoch_trials(params: PipelineParams, trials: list[Trial], train_tokens: int) -> list[Trial]:

@@ -105,7 +105,7 @@ def train_command(params: Path, checkpoints: Path) -> list[str]:
 
 
 def _environment(write_delay: float | None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop(WRITE_DELAY_ENV, None)
     if write_delay:
         env[WRITE_DELAY_ENV] = str(write_delay)

@@ -122,7 +122,7 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
     params = {**TINY_PARAMS, "full": full}
     params_path = tmp_path / "tiny.yaml"
     params_path.write_text(yaml.safe_dump(params))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [
         sys.executable, "-m", "flows.cli.main", "train", "--params", str(params_path), "--device", "cpu",
         "--precision", "fp32", "--synthetic", "--checkpoint-directory", str(tmp_path / "ckpt"),

@@ -138,8 +138,7 @@ def scale_command(
     """Scaling study: every depth x budget trained and tested through the cached stages, the law
     L(N, D) fitted, plots and the fit on one MLflow run, and the run a target budget buys written as a
     parameter file (or one line saying why the points cannot claim it)."""
-    from flows.scale import study_settings, target_budget
-    from tasks.params.scale import grid_trials, shared_overrides
+    from tasks.params.scale import grid_trials, shared_overrides, study_settings, target_budget
     from tasks.params.sweep import validate_trials
 
     params_path, checked = resolve_params(params, iteration, overrides)

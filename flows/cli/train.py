@@ -228,9 +228,6 @@ class TrainOptions:
 def train_command(o: TrainOptions) -> None:
     """Train a model from an iteration's parameters; JSON lines on stdout, a summary line last (on a
     terminal: a progress bar and the summary line)."""
-    from gptcore.distributed.group import world_from_env
-    from tasks.training_launch import launch_spec, launch_training
-
     json_lines_only(o.json_only)
     choice("--stage", o.stage, TrainingStage)
     for flag, value, allowed in (("--device", o.device, Device), ("--precision", o.precision, Precision)):
@@ -240,6 +237,9 @@ def train_command(o: TrainOptions) -> None:
     flags.update(batch_size=batch_size_value(o.batch_size), compile=o.compile_, nproc=nproc_value(o.nproc))
     overrides = [*o.set_, *parameter_overrides(o.stage, flags)]
     path, params = resolve_params(o.params_file, o.iteration, overrides)
+    from gptcore.distributed.group import world_from_env  # torch, once the parameters are known good
+    from tasks.training_launch import launch_spec, launch_training
+
     preflight_inputs(params, o.train_tokens, o.validation_tokens, o.tokenizer)
     topology = dict(nnodes=o.nnodes, node_rank=o.node_rank, rdzv_endpoint=o.rdzv_endpoint)
     spec = launch_spec(params, {**topology, "rdzv_backend": o.rdzv_backend, "rdzv_id": o.rdzv_id})

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from gptcore.model.config import ModelConfig
 
 FLOP_FORMULA = (
@@ -40,6 +38,8 @@ class ModelSize:
     @classmethod
     def of(cls, config: ModelConfig) -> ModelSize:
         """Counted on a model built on the meta device: its shapes, no memory and no initialisation."""
+        import torch  # here, not above: a parameter file is checked without loading torch
+
         from gptcore.model.gpt import GPT
 
         with torch.device("meta"):

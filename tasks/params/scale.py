@@ -11,7 +11,15 @@ import yaml
 
 from gptcore.errors import ConfigError
 from gptcore.model.size import ModelSize
-from gptcore.scaling.plan import Candidate, Planned
+from gptcore.scaling.plan import (
+    MAX_EXTRAPOLATION,
+    MIN_BUDGETS,
+    MIN_POINTS,
+    MIN_SIZES,
+    Budget,
+    Candidate,
+    Planned,
+)
 from gptcore.scaling.points import ScalingPoint
 from gptcore.tools.atomic import write_text_atomic
 from tasks.params.loading import load_params, read_yaml
@@ -44,6 +52,34 @@ def grid_trials(settings: ScaleConfig) -> list[Trial]:
         Trial(number, {"model.depth": depth, "full.max_flops": budget}, label=f"d{depth}-{budget:.3g}")
         for number, (budget, depth) in enumerate(points, 1)
     ]
+
+
+def study_settings(section: ScaleConfig, options: dict[str, Any]) -> ScaleConfig:
+    """The file's `scale:` section with the command line's options where given, validated again."""
+    given = {key: value for key, value in options.items() if value is not None}
+    return ScaleConfig.model_validate(section.model_dump() | given)
+
+
+def target_budget(settings: ScaleConfig) -> Budget:
+    """The planned run's budget, refused now (before anything trains) when the grid cannot claim it."""
+    if settings.target_seconds is not None:
+        return Budget(seconds=settings.target_seconds)
+    largest = max(settings.budgets)
+    flops = settings.target_flops or 4 * largest
+    if flops > MAX_EXTRAPOLATION * largest:
+        raise ConfigError(
+            f"scale.target_flops {flops:.3g}: {flops / largest:.0f}x the grid's largest budget "
+            f"({largest:.3g}); the fit claims at most {MAX_EXTRAPOLATION:g}x: add a larger budget to "
+            "scale.budgets"
+        )
+    sizes, budgets = len(set(settings.depths)), len(set(settings.budgets))
+    if sizes * budgets < MIN_POINTS or sizes < MIN_SIZES or budgets < MIN_BUDGETS:
+        raise ConfigError(
+            f"scale: too few points to fit: {sizes} depths x {budgets} budgets; the law's five coefficients "
+            f"need at least {MIN_POINTS} runs over {MIN_BUDGETS} budgets of {MIN_SIZES} depths (add to "
+            "scale.depths or scale.budgets)"
+        )
+    return Budget(flops=flops)
 
 
 def dial_size(params: PipelineParams, depth: int) -> ModelSize:

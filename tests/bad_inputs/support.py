@@ -55,7 +55,7 @@ def run_case(case: Case, directory: Path) -> Outcome:
     directory.mkdir(parents=True, exist_ok=True)
     lay_out(case, directory)
     before = _listing(directory)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     result = subprocess.run(
         [sys.executable, "-m", "flows.cli.main", *case.argv],
