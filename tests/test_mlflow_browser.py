@@ -22,7 +22,7 @@ from flows.cli.tracking import server_command, server_environment
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from tasks.params.schema import TrackingConfig
 from tasks.tracking import DeliverySettings, TrackingSession
-from tasks.tracking.ui import MODEL_TRAINING_VIEW, training_view_url
+from tasks.tracking.ui import training_route, training_view_url
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = [
@@ -129,7 +129,7 @@ def test_the_runs_page_shows_datasets_and_models_and_the_registry_shows_the_cham
     assert "Dataset" in runs_page and "Models" in runs_page  # the columns, filled in:
     assert "tokens-train (" in runs_page and "tokens-validation (" in runs_page
     assert f"{MODEL_NAME} v1" in runs_page  # the registered version of the run's logged model
-    models_page = text_of(rendered(f"{url}/#/experiments/{experiment_id}/models?{MODEL_TRAINING_VIEW}"))
+    models_page = text_of(rendered(f"{url}/{training_route(f'/experiments/{experiment_id}/models')}"))
     assert "gpt-best" in models_page and "gpt-final" in models_page
     assert "Agent versions" not in models_page, "a model-training experiment, not a GenAI application"
     registry_page = text_of(rendered(f"{url}/#/models/{MODEL_NAME}"))

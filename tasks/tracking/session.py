@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.tracking.callback import MLflowCallback
 from tasks.tracking.delivery.writer import OUTBOX_DIRECTORY
 from tasks.tracking.store import TrackingTarget, connect, ensure_experiment, resolve_target
-from tasks.tracking.ui import MODEL_TRAINING_VIEW, training_view_url
+from tasks.tracking.ui import training_route, training_view_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -64,7 +64,7 @@ class TrackingSession:
         for the model-training view in the address alone."""
         route = f"/experiments/{self.experiment_id}/runs/{run_id}"
         if self.target.is_http and ui is None:
-            return f"{self.target.uri.rstrip('/')}/#{route}?{MODEL_TRAINING_VIEW}"
+            return f"{self.target.uri.rstrip('/')}/{training_route(route)}"
         return training_view_url(ui or "http://127.0.0.1:5000", route)
 
 

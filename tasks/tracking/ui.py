@@ -21,11 +21,15 @@ MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 TRAINING_VIEW_PATH = "gptpipe/training-view"  # `gptpipe ui`'s page keeping that view (below)
 
 
+def training_route(route: str) -> str:
+    """The part after the UI's `#` that opens `route` (`/experiments/1/runs`) in the model-training view."""
+    return f"#{route}?{MODEL_TRAINING_VIEW}"
+
+
 def training_view_url(base: str, route: str = "") -> str:
     """`route` of the UI that `gptpipe ui` serves at `base` (`/experiments/1/runs`; empty: its home), opened
     through the training-view page so the browser keeps the model-training view."""
-    ask = f"#{route}?{MODEL_TRAINING_VIEW}" if route else ""
-    return f"{base.rstrip('/')}/{TRAINING_VIEW_PATH}{ask}"
+    return f"{base.rstrip('/')}/{TRAINING_VIEW_PATH}{training_route(route) if route else ''}"
 
 
 # The UI's localStorage keys (MLflow 3.17's build) and what this page sets them to, as the UI stores
