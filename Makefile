@@ -2,27 +2,50 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.installed
 # The CPU build of torch, taken first where no CUDA driver is present; override for other setups.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
+EXTRAS ?= dev,hf,quant,team
 # The oldest transformers the `hf` extra admits (pyproject.toml), with the tokenizers and huggingface-hub
-# it requires, installed beside the venv: tests/test_transformers_floor.py reads the exports with it too.
+# it requires, installed beside the venv for `make test` alone: tests/test_transformers_floor.py reads the
+# exports with it too.
 TRANSFORMERS_FLOOR ?= transformers==4.51.3 tokenizers==0.21.4 huggingface-hub==0.36.2
+FLOOR := $(VENV)/transformers-floor
+FLOOR_STAMP := $(FLOOR)/.installed
 
 .PHONY: setup run test lint clean gpu-dry-run
 
 setup: $(STAMP)
 
+# uv installs the same wheels several times faster than pip (it downloads and unpacks in parallel);
+# where uv cannot be had, pip does it all. torch goes through pip either way: pip is the client that
+# finds a wheel of it already on this machine's disk (uv would download it again).
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(UV) || $(PIP) install -q uv || echo "uv could not be installed: installing with pip (slower)"
 	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c 'import torch' 2>/dev/null; then \
 		echo "installing the CPU build of torch ($(TORCH_SPEC))"; \
 		$(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
 	fi
-	$(PIP) install -q -e '.[dev,hf,quant,team]'
-	$(PIP) install -q --upgrade --no-deps --target $(VENV)/transformers-floor $(TRANSFORMERS_FLOOR)
+	@if test -x $(UV); then $(UV) pip install -q --python $(PY) -e '.[$(EXTRAS)]'; \
+		else $(PIP) install -q -e '.[$(EXTRAS)]'; fi
 	@touch $(STAMP)
+
+$(FLOOR_STAMP): $(STAMP)
+	@if test -x $(UV); then $(UV) pip install -q --no-deps --target $(FLOOR) $(TRANSFORMERS_FLOOR); \
+		else $(PIP) install -q --upgrade --no-deps --target $(FLOOR) $(TRANSFORMERS_FLOOR); fi
+	@touch $(FLOOR_STAMP)
+
+# Bytecode of every installed module, once per setup, and of the project's own before each run of the
+# suite: its ~150 Python processes each import torch, Prefect and MLflow, and where PYTHONDONTWRITEBYTECODE
+# is set (as in many CI images) nothing else writes it, so each process would compile its imports from
+# source again (measured: half of a `gptpipe` process's start). `make run`, one process, compiles lazily.
+COMPILED := $(VENV)/.compiled
+$(COMPILED): $(STAMP) $(FLOOR_STAMP)
+	@$(PY) -m compileall -q -j 0 $(VENV) >/dev/null || true  # a few packages ship deliberately bad files
+	@touch $(COMPILED)
 
 run: setup
 	$(VENV)/bin/gptpipe run
@@ -30,8 +53,9 @@ run: setup
 # Worker processes (pytest-xdist), each taking whole modules: the tests wait on servers and subprocesses
 # much of the time, so one more worker than this machine's 2 cores keeps both busy.
 TEST_WORKERS ?= 3
-test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+test: setup $(COMPILED)
+	@$(PY) -m compileall -q -j 0 flows tasks gptcore tests bench >/dev/null
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -7,7 +7,9 @@ A device is a machine's: the slot's names carry the machine (`gptpipe-device-<ma
 that share a Prefect server run at once, and two on one machine take turns. Two locks, in this order:
 1. A machine-wide file lock per device (`/tmp/gptpipe-device-<machine>-cpu.lock`, `gptcore.tools.locks`):
    processes of this machine take turns whatever Prefect server they talk to and whatever their `TMPDIR`
-   says, and the kernel lets go of it when its holder dies, even by `kill -9`.
+   says, and the kernel lets go of it when its holder dies, even by `kill -9`. `GPTPIPE_MACHINE_LOCKS`
+   names another folder for them (every process that is to take turns must name the same one): the test
+   suite gives each run its own, so two suites on one host never wait for each other.
 2. The Prefect global concurrency limit of the same name, created on first use with one slot: what the
    Prefect UI shows. A limit someone changed (more slots, inactive) is used as it is.
 
@@ -37,6 +39,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MACHINE_VARIABLE = "GPTPIPE_MACHINE"  # the machine's name in slot names; the host name by default
 # Not $TMPDIR: two processes of one machine with different temporary folders must meet at one lock.
 MACHINE_LOCKS = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+LOCKS_VARIABLE = "GPTPIPE_MACHINE_LOCKS"  # another folder for the machine's locks (a test suite's own)
 
 
 def machine_name() -> str:
@@ -44,6 +47,11 @@ def machine_name() -> str:
     letters, digits and dashes."""
     name = os.environ.get(MACHINE_VARIABLE) or socket.gethostname()
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "machine"
+
+
+def machine_locks() -> Path:
+    """The folder of this machine's device locks: `GPTPIPE_MACHINE_LOCKS`, else `/tmp`."""
+    return Path(os.environ.get(LOCKS_VARIABLE) or MACHINE_LOCKS)
 
 
 def device_limit_names(device: str, processes: int = 1, machine: str | None = None) -> list[str]:
@@ -75,7 +83,7 @@ def device_slot(device: str, processes: int = 1, announce: Callable[[str], None]
 def _machine_lock(name: str, on_wait: Callable[[], None]) -> Iterator[None]:
     """The machine-wide file lock of one device limit (its holder recorded beside it, for a person
     looking); `on_wait` is called when it has to be waited for."""
-    lock = HeldLock(MACHINE_LOCKS / f"{name}.lock")
+    lock = HeldLock(machine_locks() / f"{name}.lock")
     if not lock.try_acquire():
         on_wait()
         lock.acquire()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,19 +17,89 @@ from process_support import migrated_prefect_home
 from tracking_support import fresh_store
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["skip_policy"]  # in CI, a skip that hides a test fails the run (tests/skip_policy.py)
+
+
+# A test touches only its own folder: whatever a test or the product writes to the home folder (the
+# outbox's signing key, Hugging Face's and lm-eval's caches, a browser's profile), the temporary folder
+# (pytest's own tmp_path, the migrated Prefect and MLflow templates, torch's compile cache) or the device
+# slots' machine-wide locks lands in the run's root, never in the person's home, /tmp or another suite's run.
+RootState = tuple[Path, dict[str, str | None], str | None]  # the root; what it replaced
+_OWN_ROOT = pytest.StashKey[RootState]()
+# Hugging Face's own cache variables, dropped so that they follow HF_HOME (a person's would win over it).
+_DERIVED_FROM_HF_HOME = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE",
+                         "HF_MODULES_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE", "HF_TOKEN_PATH")  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest worker is a machine of its own to the device slots (tasks.device_slot), so a pipeline
     one worker runs never waits for a training another worker's test holds (nor for a person's run
-    beside the suite); tests of the slots themselves name their machines."""
+    beside the suite); tests of the slots themselves name their machines.
+
+    The run has a temporary root of its own (`own_root`): made by the controller (or the one process of
+    a run without workers) before any worker starts, and inherited by the workers with the environment."""
     worker = getattr(config, "workerinput", {}).get("workerid", "main")  # gw0, gw1...: xdist's workers
+    if worker == "main":
+        config.stash[_OWN_ROOT] = own_root()
+    tempfile.tempdir = os.environ["TMPDIR"]  # a worker's too, whatever tempfile read before
     os.environ["GPTPIPE_MACHINE"] = f"pytest-{worker}"  # set, not defaulted: workers inherit the main's
     # Every process a test starts runs torch on one thread too (`one_thread` below sets it in-process): the
     # workers already share the cores, and a process's second thread on a busy CPU spin-waits for the
     # first. Measured: the scaling study's nine points took 2-4x the CPU time they take alone, and the
     # whole suite 1531 CPU-seconds against 1339 with this.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller puts the environment back and removes the run's root, once every worker is done."""
+    if _OWN_ROOT not in config.stash:
+        return
+    root, before, tempdir = config.stash[_OWN_ROOT]
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = tempdir
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def own_root() -> RootState:
+    """A temporary root for the run, with HOME, TMPDIR, the XDG folders, HF_HOME and the machine-wide
+    device locks (GPTPIPE_MACHINE_LOCKS) in it; the person's package caches, Python installs and git
+    settings stay theirs (a test that installs or asks git finds them: nothing is downloaded again)."""
+    real_home = Path.home()
+    real_cache = Path(os.environ.get("XDG_CACHE_HOME") or real_home / ".cache")
+    real_data = Path(os.environ.get("XDG_DATA_HOME") or real_home / ".local" / "share")
+    kept = {
+        "PIP_CACHE_DIR": real_cache / "pip",
+        "UV_CACHE_DIR": real_cache / "uv",
+        "UV_PYTHON_INSTALL_DIR": real_data / "uv" / "python",
+        "PYENV_ROOT": real_home / ".pyenv",  # pyenv's shims on PATH find their Pythons through it
+        "GIT_CONFIG_GLOBAL": real_home / ".gitconfig",  # safe.directory for a clone another user owns
+    }
+    root = Path(tempfile.mkdtemp(prefix="gptpipe-tests-"))
+    home = root / "home"
+    own = {
+        "HOME": home,
+        "TMPDIR": root / "tmp",
+        "XDG_CACHE_HOME": home / ".cache",
+        "XDG_CONFIG_HOME": home / ".config",
+        "XDG_DATA_HOME": home / ".local" / "share",
+        "XDG_STATE_HOME": home / ".local" / "state",
+        "HF_HOME": home / ".cache" / "huggingface",
+        "GPTPIPE_MACHINE_LOCKS": root / "locks",
+    }
+    before = {name: os.environ.get(name) for name in [*own, *_DERIVED_FROM_HF_HOME, *kept]}
+    for name, folder in own.items():
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ[name] = str(folder)
+    for name in _DERIVED_FROM_HF_HOME:
+        os.environ.pop(name, None)
+    for name, path in kept.items():
+        if name not in os.environ and path.exists():
+            os.environ[name] = str(path)
+    return root, before, tempfile.tempdir
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

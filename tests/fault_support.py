@@ -1,9 +1,10 @@
 """Fault-injection harness shared by the kill test and `bench/faults.py`.
 
-Runs `gptpipe train` on a tiny CPU fp32 model in subprocesses, `kill -9`s them at seeded random steps
-and in the middle of checkpoint writes (the checkpoint module's write-delay hook holds each file open
-long enough to be killed inside), resumes each time with `--resume`, and compares the final weights
-with an uninterrupted run's.
+Runs `gptpipe train` on a tiny CPU fp32 model in subprocesses, each `kill -9`ed at a placed point: after a
+seeded step, or inside the write of the next checkpoint at each of the write's points (its record, its
+weights, the manifest complete under their temporary names); resumes each time with `--resume`, and
+compares the final weights with an uninterrupted run's. The process kills itself there
+(`gptcore/tools/faults.py`): nothing is timed, so a slow machine kills at the same places.
 """
 
 from __future__ import annotations
@@ -12,20 +13,28 @@ import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gptcore.tools.faults import KILL_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
-WRITE_DELAY_ENV = "GPTPIPE_FAULT_CHECKPOINT_WRITE_DELAY"
 CHECKPOINT_EVERY = 4
 MAX_STEPS = 48
+CEILING = 300  # seconds, against a hang only: a run ends in a few
+# The points of a checkpoint write a kill is placed at, in the order a write reaches them, and the files
+# a kill there leaves under their temporary names (`{name}`: the checkpoint's): the record is written
+# while the weights wait, complete, for their rename.
+WRITE_POINTS = {
+    "checkpoint-record": ("{name}.json", "{name}.pt"),
+    "checkpoint-weights": ("{name}.pt",),
+    "checkpoint-manifest": ("manifest.json",),
+}
 TINY_PARAMS: dict[str, Any] = {
     "iteration": 1,
     "model": {
@@ -42,13 +51,18 @@ TINY_PARAMS: dict[str, Any] = {
 
 @dataclass
 class Attempt:
-    """One training process: how it was stopped, where it started and the last step it reported."""
+    """One training process: how it was stopped, where it started, the last step it reported and the
+    temporary files it left (`.NAME.tmp-PID`: what it was writing when it died)."""
 
-    kind: str  # "step" (killed after a random step), "write" (killed inside a checkpoint write), "finish"
+    # "step": killed after step `target`; a WRITE_POINTS key: killed at that point of the write of step
+    # `target`'s checkpoint; "finish": run to the end
+    kind: str
     start_step: int
     last_step: int
     returncode: int
     stderr: str
+    pid: int
+    left: list[str] = field(default_factory=list)
     target: int | None = None
 
 
@@ -104,11 +118,11 @@ def train_command(params: Path, checkpoints: Path) -> list[str]:
     ]
 
 
-def _environment(write_delay: float | None) -> dict[str, str]:
+def _environment(kill: str | None) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop(WRITE_DELAY_ENV, None)
-    if write_delay:
-        env[WRITE_DELAY_ENV] = str(write_delay)
+    env.pop(KILL_ENV, None)
+    if kill:
+        env[KILL_ENV] = kill
     return env
 
 
@@ -125,17 +139,10 @@ def _last_step(events: list[dict[str, Any]]) -> int:
     return max((e["step"] for e in events if e.get("event") == "step"), default=0)
 
 
-def _writing(checkpoints: Path, pid: int) -> bool:
-    """Whether process `pid` has a checkpoint file half written (its temporary names carry its PID)."""
-    return checkpoints.is_dir() and any(p.name.endswith(f".tmp-{pid}") for p in checkpoints.iterdir())
-
-
-def run_once(
-    params: Path, checkpoints: Path, log: Path, kind: str, target: int | None = None, timeout: float = 60.0
-) -> Attempt:
-    """Start a run; kill it after step `target` ("step"), inside its next checkpoint write ("write"),
-    or let it finish ("finish")."""
-    write_delay = 0.5 if kind == "write" else None
+def run_once(params: Path, checkpoints: Path, log: Path, kind: str, target: int | None = None) -> Attempt:
+    """Run until the end ("finish"), or until the kill placed at step `target`: after it ("step"), or
+    at the point `kind` of its checkpoint's write (a WRITE_POINTS key)."""
+    kill = None if kind == "finish" else f"{kind}:{target}"
     with open(log, "w") as out:
         process = subprocess.Popen(
             train_command(params, checkpoints),
@@ -143,23 +150,18 @@ def run_once(
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,
-            env=_environment(write_delay),
+            env=_environment(kill),
         )
-        deadline = time.monotonic() + timeout
-        while process.poll() is None and time.monotonic() < deadline:
-            due = (kind == "step" and _last_step(_events(log.read_text())) >= (target or 0)) or (
-                kind == "write" and _writing(checkpoints, process.pid)
-            )
-            if due:
-                os.kill(process.pid, signal.SIGKILL)
-                break
-            time.sleep(0.005)
-        if process.poll() is None and time.monotonic() >= deadline:
+        try:
+            _, stderr = process.communicate(timeout=CEILING)
+        except subprocess.TimeoutExpired:
             process.kill()
-        _, stderr = process.communicate()
+            process.communicate()
+            raise RuntimeError(f"gptpipe train ({kind}) hung for {CEILING} s") from None
     events = _events(log.read_text())
     start = next((e["start_step"] for e in events if e.get("event") == "startup"), -1)  # -1: none
-    return Attempt(kind, start, _last_step(events), process.returncode, stderr, target)
+    left = sorted(p.name for p in checkpoints.glob(f".*.tmp-{process.pid}"))
+    return Attempt(kind, start, _last_step(events), process.returncode, stderr, process.pid, left, target)
 
 
 def final_weights(checkpoints: Path) -> dict[str, Any]:
@@ -169,7 +171,9 @@ def final_weights(checkpoints: Path) -> dict[str, Any]:
 
 
 def kill_and_resume(workdir: Path, seed: int = 0, kills: int = 5) -> KillReport:
-    """An uninterrupted reference run, then `kills` killed-and-resumed runs and a finishing one."""
+    """An uninterrupted reference run, then `kills` killed-and-resumed runs and a finishing one: one
+    kill at each point of a checkpoint write (of the first checkpoint after the last step reported), the
+    others after a seeded step, in a seeded order."""
     import torch
 
     rng = random.Random(seed)
@@ -186,22 +190,22 @@ def kill_and_resume(workdir: Path, seed: int = 0, kills: int = 5) -> KillReport:
             text=True,
             env=_environment(None),
         )
-    # Kinds in a seeded order, at least two of them inside a checkpoint write.
-    kinds = ["write", "write"] + ["step"] * (kills - 2)
+    kinds = [*WRITE_POINTS, *["step"] * kills][:kills]
     rng.shuffle(kinds)
     checkpoints, progress = workdir / "killed", 0
     for index, kind in enumerate(kinds):
-        remaining = MAX_STEPS - progress
-        target = (
-            progress + rng.randint(1, max(1, remaining // (len(kinds) - index + 1)))
-            if kind == "step"
-            else None
-        )
+        remaining = MAX_STEPS - progress  # the next run starts here at most: it reaches the target
+        if kind == "step":
+            target = progress + rng.randint(1, max(1, remaining // (len(kinds) - index + 1)))
+        else:
+            target = (progress // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY
+        if target >= MAX_STEPS:
+            raise ValueError(f"{kills} kills do not fit in {MAX_STEPS} steps")
         attempt = run_once(params, checkpoints, workdir / f"kill-{index}.log", kind, target)
         report.attempts.append(attempt)
         progress = attempt.last_step
     report.attempts.append(run_once(params, checkpoints, workdir / "finish.log", "finish"))
-    _, stderr = reference.communicate(timeout=120)
+    _, stderr = reference.communicate(timeout=CEILING)
     if reference.returncode != 0:
         raise RuntimeError(f"the reference run failed: {stderr.strip()}")
     if report.attempts[-1].returncode == 0:

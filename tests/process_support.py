@@ -1,5 +1,6 @@
-"""Processes a test starts and must stop: a free loopback port, a whole process group brought down, a
-Prefect home whose database is already migrated, and output lines waited on as they come."""
+"""Processes a test starts and must stop: a loopback port held for a server, a whole process group
+brought down, a Prefect home whose database is already migrated, and output lines waited on as they
+come."""
 
 from __future__ import annotations
 
@@ -18,10 +19,20 @@ from pathlib import Path
 from typing import IO
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@contextmanager
+def reserved_port() -> Iterator[int]:
+    """A loopback port the kernel chose, held for the test until the block ends, for a server the test
+    starts (and may stop and start again) on it.
+
+    The port stays bound here, with SO_REUSEADDR and never listening: a connection to it is refused while
+    no server listens, and no other process takes it (Linux gives neither a port-0 bind nor an outgoing
+    connection a port bound so; a plain bind of it fails). A server binding it with SO_REUSEADDR, as
+    uvicorn (asyncio), PostgreSQL and Prefect's port check do, shares it. A port probed free and closed
+    would be anyone's until the server binds it, seconds later on a busy machine."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]
 
 
 def stop_process_group(process: subprocess.Popen, grace_seconds: float = 30) -> None:
@@ -37,23 +48,31 @@ def stop_process_group(process: subprocess.Popen, grace_seconds: float = 30) -> 
         process.wait()
 
 
-PREFECT_TEMPLATE = Path(tempfile.gettempdir()) / f"gptpipe-test-prefect-{version('prefect')}.db"
+def prefect_template() -> Path:
+    """Where the migrated Prefect database is kept: the temporary folder at the time of asking, which in
+    the suite is its run's own (tests/conftest.py), shared by its workers."""
+    return Path(tempfile.gettempdir()) / f"gptpipe-test-prefect-{version('prefect')}.db"
 
 
 def migrated_prefect_home(home: Path) -> Path:
     """`home` as a PREFECT_HOME whose database is already migrated: a copy of one migrated once per
-    machine and Prefect version (the migrations take longer than the server's start)."""
-    if not PREFECT_TEMPLATE.is_file():
-        building = PREFECT_TEMPLATE.with_name(f"{PREFECT_TEMPLATE.name}.{os.getpid()}")
-        prefect = Path(sys.executable).parent / "prefect"
-        subprocess.run(
-            [str(prefect), "server", "database", "upgrade", "-y"],
-            env={**os.environ, "PREFECT_HOME": str(building)}, check=True, capture_output=True,
-        )  # fmt: skip
-        os.replace(building / "prefect.db", PREFECT_TEMPLATE)
-        shutil.rmtree(building, ignore_errors=True)
+    run and Prefect version (the migrations take longer than the server's start); one worker migrates
+    while the others wait for it."""
+    from filelock import FileLock
+
+    template = prefect_template()
+    with FileLock(f"{template}.lock"):
+        if not template.is_file():
+            building = template.with_name(f"{template.name}.{os.getpid()}")
+            prefect = Path(sys.executable).parent / "prefect"
+            subprocess.run(
+                [str(prefect), "server", "database", "upgrade", "-y"],
+                env={**os.environ, "PREFECT_HOME": str(building)}, check=True, capture_output=True,
+            )  # fmt: skip
+            os.replace(building / "prefect.db", template)
+            shutil.rmtree(building, ignore_errors=True)
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(PREFECT_TEMPLATE, home / "prefect.db")
+    shutil.copyfile(template, home / "prefect.db")
     return home
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sysconfig
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,10 @@ from gptcore.export.model_files import write_model_files
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 
-pytest.importorskip("lm_eval", reason="the hf extra (lm-eval) is not installed")
+# The tests that score a model need the harness; the champion gate's and the tables' logic run without it.
+needs_lm_eval = pytest.mark.skipif(
+    find_spec("lm_eval") is None, reason="the hf extra (lm-eval) is not installed"
+)
 TASKS = Path(__file__).resolve().parent / "fixtures" / "lm_eval_tasks"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -44,6 +48,7 @@ def benchmark(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
     return code, said.out, said.err
 
 
+@needs_lm_eval
 def test_a_model_is_scored_by_the_harness_on_local_yaml_tasks_as_the_harness_itself_scores_it(
     model_folder: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -59,9 +64,7 @@ def test_a_model_is_scored_by_the_harness_on_local_yaml_tasks_as_the_harness_its
     )
     assert code == 0, err
     figures = json.loads(out.strip().splitlines()[-1])["tasks"]
-    choice, continuation = figures["code_choice"], figures["code_continuation"]
-    assert choice["samples"] == 8 and 0 <= choice["acc"] <= 1 and 0 <= choice["acc_norm"] <= 1
-    assert "acc_stderr" in choice and continuation["samples"] == 6 and continuation["perplexity"] > 1
+    assert (figures["code_choice"]["samples"], figures["code_continuation"]["samples"]) == (8, 6)
 
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -75,12 +78,17 @@ def test_a_model_is_scored_by_the_harness_on_local_yaml_tasks_as_the_harness_its
     monkeypatch.chdir(TASKS)
     by_hand = simple_evaluate(
         model=HFLM(pretrained=str(exported), device="cpu", batch_size=8),
-        tasks=["code_choice"],
+        tasks=["code_choice", "code_continuation"],
         task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
-    )["results"]["code_choice"]
-    assert (by_hand["acc,none"], by_hand["acc_norm,none"]) == (choice["acc"], choice["acc_norm"])
+    )
+    for task in ("code_choice", "code_continuation"):  # every figure: acc, acc_norm, perplexity, stderr
+        theirs = {
+            key.partition(",")[0]: value for key, value in by_hand["results"][task].items() if "," in key
+        }
+        assert figures[task] == pytest.approx({**theirs, "samples": by_hand["n-samples"][task]["effective"]})
 
 
+@needs_lm_eval
 def test_limit_scores_the_first_examples_and_an_unknown_task_is_one_line(
     model_folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -107,8 +115,12 @@ def test_limit_scores_the_first_examples_and_an_unknown_task_is_one_line(
 
 
 @pytest.mark.slow
+@needs_lm_eval
 def test_the_evaluate_stage_scores_the_listed_benchmarks_logs_and_tags_them_and_caches_on_their_files(
-    tmp_path: Path, prefect_env: dict[str, str]
+    tmp_path: Path,
+    prefect_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import shutil
 
@@ -125,8 +137,17 @@ def test_the_evaluate_stage_scores_the_listed_benchmarks_logs_and_tags_them_and_
     )
     first = gptpipe(prefect_env, "--params", str(params), "--until", "evaluate")
     figures = stages_of(first)["evaluate"]["figures"]
-    assert figures["code_choice/samples"] == 4 and 0 <= figures["code_choice/acc"] <= 1
-    assert figures["code_continuation/samples"] == 6 and figures["code_continuation/perplexity"] > 1
+    assert (figures["code_choice/samples"], figures["code_continuation/samples"]) == (4, 6)  # each its limit
+    # The figures are the harness's on the version the stage registered: what `gptpipe benchmark` (itself
+    # the harness's own figures: the first test) says of it. The continuation's perplexity names the model.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", prefect_env["MLFLOW_TRACKING_URI"])
+    version = f"models:/gptpipe-iteration-1/{figures['model_version']}"
+    asked = ["--model", version, "--params", str(params), "--include-path", str(tasks)]
+    code, out, err = benchmark(capsys, *asked, "--tasks", "code_continuation")
+    assert code == 0, err
+    scored = json.loads(out.strip().splitlines()[-1])["tasks"]["code_continuation"]
+    staged = {name: value for name, value in figures.items() if name.startswith("code_continuation/")}
+    assert staged == pytest.approx({f"code_continuation/{metric}": value for metric, value in scored.items()})
     assert "code_choice/acc_stderr" in figures and figures["alias"] == "champion"
     assert figures["benchmark_gate"].startswith("passed: code_choice/acc")
     assert "evaluate: benchmarks (lm-evaluation-harness): code_choice/acc" in first.stderr

@@ -1,15 +1,15 @@
-"""`@champion` under races: two registrations at the same moment (two sweep trials finishing together)
-each read the champion before the other's better version existed; whatever the interleaving, the
-champion ends on the best version. A racer killed right after a stale set leaves the worse one
-`@champion` only until the next toucher of the registry (a registration, a reader of `@champion`, a
-run's start, `gptpipe models`) settles it; only the version holding the alias is recorded champion."""
+"""`@champion` under races: a registration (a sweep trial finishing beside another) that read the registry
+before another's better version existed sets a stale `@champion`; the test makes that stale set land
+after the better one's registration, and between its set and its read-back, and the champion still ends
+on the best version. A racer killed right after a stale set leaves the worse one `@champion` only until
+the next toucher of the registry (a registration, a reader of `@champion`, a run's start, `gptpipe
+models`) settles it; only the version holding the alias is recorded champion."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,48 +18,94 @@ from tracking_support import fresh_store
 
 from tasks.tracking.models import registry
 
-ROUNDS = 12
+CEILING = 120.0  # a racer waits this long for the other at a named point: only a hang takes it
 
 
 def new_version(client: Any, name: str, bits: float) -> Any:
     return client.create_model_version(name, source="file:///nowhere", tags={"test_bits_per_byte": str(bits)})
 
 
-def test_two_registrations_at_once_leave_the_better_as_champion(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def registering(client: Any, name: str, bits: float) -> Any:
+    """A version as a registration makes it (`registry._new_version`): measured, and not competing until
+    its registration decides."""
+    tags = {"test_bits_per_byte": str(bits), registry.MAY_HOLD: "false"}
+    return client.create_model_version(name, source="file:///nowhere", tags=tags)
+
+
+class Racer(threading.Thread):
+    """`registry._decide` of one version on a thread of its own; what it raised, kept for the test."""
+
+    def __init__(self, client: Any, name: str, version: Any, bits: float) -> None:
+        super().__init__(name=f"registers version {version.version}")
+        self.decide = (client, name, version, bits, True, registry.CHALLENGER)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            registry._decide(*self.decide)
+        except BaseException as error:  # raised again by `finish`, on the test's thread
+            self.error = error
+
+    def finish(self) -> None:
+        self.join(CEILING)
+        assert not self.is_alive(), f"{self.name}: still running after {CEILING} s"
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.mark.parametrize(
+    "lands", ["after the better's registration", "between the better's set and its check"]
+)
+def test_a_stale_champion_set_by_a_registration_that_read_before_the_better_existed_is_put_right(
+    tmp_path: Path, lands: str
 ) -> None:
+    """The worse version's registration reads the registry (version 1 champion, itself the best there),
+    then stops at its stale set of `@champion` until the better version has been made and has registered
+    (or has set `@champion` and stops before reading it back): the stale set lands there, as the slower
+    of two trials finishing together would make it land."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=fresh_store(tmp_path))
-    read_champion = registry._champion
+    name = "race"
+    client.create_registered_model(name)
+    registry._decide(client, name, new_version(client, name, 2.0), 2.0, True, registry.CHALLENGER)
+    worse = registering(client, name, 1.8)
+    better: list[Any] = []  # made only once the worse one holds its stale pick
+    stale_pick_held = threading.Event()
+    stale_set_may_land = threading.Event()
+    stale_set_landed = threading.Event()
+    between = lands.startswith("between")
+    set_alias = client.set_registered_model_alias
 
-    def slow_reader(client: Any, name: str) -> Any:
-        """Every registration reads the champion, then is overtaken before it writes: the race, made sure."""
-        found = read_champion(client, name)
-        time.sleep(0.05)
-        return found
+    def set_alias_at_named_points(model: str, alias: str, version: str) -> None:
+        stale = alias == registry.CHAMPION and str(version) == str(worse.version)
+        if stale and not stale_pick_held.is_set():  # the worse one's pick, read before the better existed
+            stale_pick_held.set()
+            assert stale_set_may_land.wait(CEILING), "the better registration never let the stale set land"
+            set_alias(model, alias, version)
+            stale_set_landed.set()
+            return
+        set_alias(model, alias, version)
+        by_the_better = alias == registry.CHAMPION and better and str(version) == str(better[0].version)
+        if between and by_the_better and not stale_set_may_land.is_set():  # its first set: its check waits
+            stale_set_may_land.set()
+            assert stale_set_landed.wait(CEILING), "the stale set never landed"
 
-    monkeypatch.setattr(registry, "_champion", slow_reader)
-    for round_ in range(ROUNDS):
-        name = f"race-{round_}"
-        client.create_registered_model(name)
-        registry._decide(client, name, new_version(client, name, 2.0), 2.0, True, registry.CHALLENGER)
-        better, worse = new_version(client, name, 1.5), new_version(client, name, 1.8)
-        start = threading.Barrier(2)
-        order = [(better, 1.5), (worse, 1.8)] if round_ % 2 else [(worse, 1.8), (better, 1.5)]
-
-        def register(version: Any, bits: float, name: str = name, start: threading.Barrier = start) -> None:
-            start.wait()
-            registry._decide(client, name, version, bits, True, registry.CHALLENGER)
-
-        threads = [threading.Thread(target=register, args=pair) for pair in order]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        champion = read_champion(client, name)
-        assert str(champion.version) == str(better.version), f"round {round_}: {champion.version}"
-        assert client.get_model_version(name, worse.version).tags["decision"] == registry.CHALLENGER
+    client.set_registered_model_alias = set_alias_at_named_points
+    slower = Racer(client, name, worse, 1.8)
+    slower.start()
+    assert stale_pick_held.wait(CEILING), "the worse registration never picked itself"
+    better.append(registering(client, name, 1.5))
+    faster = Racer(client, name, better[0], 1.5)
+    faster.start()
+    if not between:
+        faster.finish()
+        stale_set_may_land.set()
+    faster.finish()
+    slower.finish()
+    assert stale_set_landed.is_set()  # the race happened as placed
+    assert str(registry._champion(client, name).version) == str(better[0].version)
+    assert decisions(client, name) == {"1": "challenger", "2": "challenger", "3": "champion"}
 
 
 def test_a_quantized_version_competes_only_when_asked(tmp_path: Path) -> None:

@@ -131,12 +131,11 @@ def test_lora_over_the_grown_embedding_trains_the_new_rows_and_resumes_exactly(
         torch.testing.assert_close(resumed.state_dict()[name], weight, rtol=0, atol=0)
 
 
-transformers = pytest.importorskip("transformers")  # the `hf` extra, which `make test` installs
-
-
 def test_transformers_renders_the_template_and_generates_the_answer_gptpipe_gives(
     chat_run: dict, tmp_path: Path
 ) -> None:
+    # this test alone needs the `hf` extra (which `make test` installs): the others run without it
+    transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
     tuned, _ = load_model(chat_run["merged"])
     folder = export_hf(tuned, chat_run["tokenizer"], tmp_path / "hf")
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -347,7 +346,7 @@ def test_every_method_learns_the_answers_from_the_masked_targets(
     from gptcore.finetune.config import QLoRAConfig
 
     if method == "qlora":
-        pytest.importorskip("torchao")
+        pytest.importorskip("torchao", reason="the quant extra is not installed")
     lora = chat_run["job"].lora
     adapters = {"full": None, "lora": lora, "qlora": QLoRAConfig(**lora.model_dump())}[method]
     short = {

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,8 +23,12 @@ def _state(value: float) -> dict:
 def _save(directory: Path, step: int, kind: str = "step", keep: int | None = 2) -> Path:
     name = ckpt.step_name(step) if kind == "step" else kind
     record = CheckpointRecord(kind, step, config={"a": 1}, metadata={"run_id": "r1"})
-    path, seconds = ckpt.save_checkpoint(directory, name, _state(float(step)), record, keep)
-    assert seconds >= 0
+    clock = iter([100.0, 102.5])  # the save's own clock, scripted: it starts at 100 s and ends at 102.5 s
+    with pytest.MonkeyPatch.context() as patch:
+        scripted = SimpleNamespace(**{**vars(time), "perf_counter": lambda: next(clock)})  # time, but that
+        patch.setattr(ckpt, "time", scripted)
+        path, seconds = ckpt.save_checkpoint(directory, name, _state(float(step)), record, keep)
+    assert seconds == 2.5, "the seconds a save reports are its end's clock less its start's"
     return path
 
 

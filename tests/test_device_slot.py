@@ -3,6 +3,7 @@ turns, the second saying what it waits for; the limit is created on first use wi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,22 @@ def test_two_processes_of_one_machine_take_turns_whatever_their_temporary_folder
         environments.append({**prefect_env, "GPTPIPE_MACHINE": "box-c", "TMPDIR": str(folder)})
     said = take_turns("cpu", environments)
     assert said == ["waiting for gptpipe-device-box-c-cpu: another training or evaluation holds the device"]
+
+
+@pytest.mark.timeout(2 * CEILING)
+def test_the_machines_locks_are_in_the_folder_gptpipe_machine_locks_names(
+    prefect_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The suite gives each run a folder of its own (tests/conftest.py): two suites on one host never
+    wait for each other's slots in /tmp."""
+    env = {**prefect_env, "GPTPIPE_MACHINE": "box-d", "GPTPIPE_MACHINE_LOCKS": str(tmp_path)}
+    holder = Holder("cpu", env)
+    holder.until("holding")
+    record = json.loads((tmp_path / "gptpipe-device-box-d-cpu.lock.json").read_text())  # its holder's
+    holder.release()
+    holder.until("released")
+    assert holder.process.wait() == 0 and record["pid"] == holder.process.pid
+    assert not Path("/tmp/gptpipe-device-box-d-cpu.lock").exists()
 
 
 def test_a_training_holds_one_limit_per_gpu_it_uses() -> None:

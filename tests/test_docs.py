@@ -319,6 +319,9 @@ def check_keys(doc: str, text: str) -> list[str]:
             if error:
                 problems.append(f"{doc}:{snippet.line}: `{key}`: {error}")
     for line, block in yaml_blocks(text):
+        if isinstance(block, yaml.YAMLError):  # a reader copying it gets the same error
+            problems.append(f"{doc}:{line}: a YAML block that does not parse: {_yaml_problem(block)}")
+            continue
         if not isinstance(block, dict) or not set(block) <= set(schemas()):
             continue  # not a parameter file's or a profile's fragment
         model = schemas()[next(iter(block))] if block else PipelineParams
@@ -330,13 +333,22 @@ def check_keys(doc: str, text: str) -> list[str]:
 
 
 def yaml_blocks(text: str) -> list[tuple[int, Any]]:
+    """Each ```yaml block's first line and its data, or the error a block that does not parse raises."""
     blocks = []
     for match in re.finditer(r"^[ \t]*```ya?ml[ \t]*\n(.*?)^[ \t]*```", text, re.M | re.S):
         try:
-            blocks.append((_line_of(text, match.start()) + 1, yaml.safe_load(match[1])))
-        except yaml.YAMLError:
-            continue
+            data = yaml.safe_load(match[1])
+        except yaml.YAMLError as error:
+            data = error
+        blocks.append((_line_of(text, match.start()) + 1, data))
     return blocks
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What a YAML error says, and on which line of its block (counted from 1)."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        return f"{error.problem} (its line {error.problem_mark.line + 1})"
+    return str(error).splitlines()[0]
 
 
 # -------------------------------------------------------------------------------------------- make
@@ -581,6 +593,12 @@ full:
 ```
 
 [there](missing.md) and [here](#no-such-heading) and [fine](#planted).
+
+```yaml
+full:
+  max_steps: 3
+ eval_every: 2
+```
 """
 
 
@@ -603,6 +621,8 @@ full:
                 "docs/planted.md:4: `smoke.max_stepz`: no key 'max_stepz' in smoke (SmokeConfig)",
                 "docs/planted.md:14: `full.max_stepz` (YAML): no key 'max_stepz' in full "
                 "(FullTrainingConfig)",
+                "docs/planted.md:21: a YAML block that does not parse: expected <block end>, but found "
+                "'<block mapping start>' (its line 3)",
             ],
         ),
         (check_make, ["docs/planted.md:5: `make no-such-target`: no rule in the Makefile"]),

@@ -27,8 +27,6 @@ from gptcore.train.job import TrainJob
 from gptcore.train.trainer import train
 from tests.disk_full_support import leftovers, no_space, snapshot
 
-transformers = pytest.importorskip("transformers")  # the `hf` extra, which `make test` installs
-
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
@@ -70,6 +68,8 @@ def trained_model(folder: Path, bias: bool) -> tuple[Path, Path, Path, list[str]
 def test_transformers_loads_the_export_offline_and_computes_what_we_compute(
     tmp_path: Path, bias: bool
 ) -> None:
+    # this test alone needs the `hf` extra (which `make test` installs): the export itself needs none
+    transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
     checkpoint, tokenizer_path, test_tokens, documents = trained_model(tmp_path, bias)
     model, _ = load_model(checkpoint)
     folder = export_hf(model, tokenizer_path, tmp_path / "hf")

@@ -142,13 +142,15 @@ def test_missing_tokenizer_files_are_named(tmp_path: Path, tokenizer_files: Path
 def test_gptpipe_import_registers_it_and_its_models_uris_generate_as_the_folder_does(
     tmp_path: Path, tokenizer_files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from mlflow import MlflowClient
     from tracking_support import fresh_store
 
     from flows.cli.main import main
     from gptcore.generate import Completer
 
     folder = gpt2_folder(tmp_path / "gpt2", tokenizer_files)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", fresh_store(tmp_path))
+    store = fresh_store(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     assert main(["import", f"hf:{folder}", "--name", "gpt2-tiny"]) == 0
     said = json.loads(capsys.readouterr().out)
     assert (said["model_uri"], said["alias"], said["source"]) == (
@@ -156,6 +158,10 @@ def test_gptpipe_import_registers_it_and_its_models_uris_generate_as_the_folder_
         "imported",
         f"hf:{folder}",
     )
+    # The weights lie beside the store the import was told of, not in the working folder's mlruns/.
+    source = MlflowClient(tracking_uri=store).get_model_version("gpt2-tiny", "1").source
+    assert source.startswith((tmp_path / "mlruns" / "artifacts").resolve().as_uri() + "/"), source
+    assert (Path(source.removeprefix("file://")) / "artifacts" / "model.safetensors").is_file()
     assert main(["import", f"hf:{folder}", "--name", "gpt2-tiny"]) == 0  # the same weights: the same version
     assert json.loads(capsys.readouterr().out)["model_version"] == "1"
 

@@ -4,6 +4,7 @@ fp32 as the reference, skipped rows for methods that cannot run, and quantized v
 from __future__ import annotations
 
 import sysconfig
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,11 @@ from gptcore.model.quantization import METHODS, quantized, weight_bytes
 from tasks.params.loading import load_profile
 from tasks.params.schema import QuantizeSection
 
-pytest.importorskip("torchao", reason="the quant extra (pip install -e '.[quant]') is not installed")
+# torchao makes the int8 and int4 methods; fp32, bf16 and the table's own logic run without it.
+needs_torchao = pytest.mark.skipif(
+    find_spec("torchao") is None, reason="the quant extra (pip install -e '.[quant]') is not installed"
+)
+TORCHAO_METHODS = ("int8-weight-only", "int8-dynamic", "int4-weight-only")
 
 SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=400)
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -48,7 +53,9 @@ def small_model() -> GPT:
     return GPT(SMALL).eval()
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    "method", [pytest.param(m, marks=needs_torchao) if m in TORCHAO_METHODS else m for m in METHODS]
+)
 def test_a_quantized_model_reads_back_from_its_files_with_the_same_logits(
     method: str, text, tmp_path
 ) -> None:
@@ -63,6 +70,7 @@ def test_a_quantized_model_reads_back_from_its_files_with_the_same_logits(
     assert again.lm_head.weight is again.transformer.wte.weight  # still tied
 
 
+@needs_torchao
 def test_int8_keeps_the_tied_head_in_floating_point_and_shrinks_gpt_42m_below_045x(
     text, tmp_path: Path
 ) -> None:
@@ -81,6 +89,7 @@ def test_int8_keeps_the_tied_head_in_floating_point_and_shrinks_gpt_42m_below_04
     assert type(model.transformer.h[0].mlp.c_fc.weight) is torch.nn.Parameter  # the original untouched
 
 
+@needs_torchao
 def test_the_tradeoff_table_measures_every_method_against_fp32(text, tmp_path: Path) -> None:
     from gptcore.eval.quant_tradeoff import measure_tradeoff, tradeoff_markdown
     from gptcore.model.quantization import cpu_features
@@ -177,6 +186,43 @@ def test_a_bf16_row_on_a_cpu_that_emulates_it_says_so_with_the_probes_ratios(
     assert quant_tradeoff._emulated("bf16", "cuda") is None
 
 
+def test_an_emulated_method_is_measured_briefly_against_fp32_on_the_same_tokens(
+    text, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its quality on `emulated_test_tokens` (fp32's on the whole prefix, as configured), its change
+    against fp32's loss on those same tokens, its speeds timed once."""
+    from gptcore.eval import quant_tradeoff
+    from gptcore.eval.held_out import summed_nats
+    from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds
+
+    emulated = PrecisionSpeeds("cpu", (PrecisionSpeed("bf16", "cpu", 0.05, 1.2, False),))
+    monkeypatch.setattr(quant_tradeoff, "measure_precision_speeds", lambda device: emulated)
+    timed: list[int] = []
+    speed = quant_tradeoff.generation_speed
+    monkeypatch.setattr(
+        quant_tradeoff,
+        "generation_speed",
+        lambda model, ids, new_tokens, repeats: (
+            timed.append(repeats) or speed(model, ids, new_tokens, repeats)
+        ),
+    )
+    tokenizer, test = text
+    settings = QuantizeConfig(methods=["bf16"], max_test_tokens=64, emulated_test_tokens=16, new_tokens=4)
+    stream, model = open_tokens(test), small_model()
+    fp32, bf16 = quant_tradeoff.measure_tradeoff(
+        model, settings.methods, stream, tokenizer, settings, EvaluateConfig(), tmp_path
+    )
+    assert (fp32.test_tokens, bf16.test_tokens) == (64, 16)
+    assert timed == [settings.repeats, 1], "fp32 timed as configured, the emulated row once"
+    nats, predicted = summed_nats(model, stream.tokens, 8, 16)
+    assert predicted == 16
+    assert bf16.test_loss_delta == pytest.approx(bf16.test_loss - nats / predicted, abs=1e-9)
+    assert fp32.test_loss != pytest.approx(nats / predicted, abs=1e-6), "the prefix differs from fp32's own"
+    table = quant_tradeoff.tradeoff_markdown([fp32, bf16], {})
+    assert "bf16: quality on the test split's first 16 tokens, its changes against fp32 on the same" in table
+
+
+@needs_torchao
 def test_int4_packs_every_block_layer_in_groups_that_divide_it(tmp_path: Path) -> None:
     from gptcore.model.quantization import int4_group_size
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,8 @@ from tasks.tracking.delivery.operations import dumps, metric
 from tasks.tracking.delivery.outbox import Outbox
 from tasks.tracking.delivery.signing import sign
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 @pytest.fixture(autouse=True)
 def _no_store_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,7 +37,9 @@ class Store:
 
         self.uri = fresh_store(folder)
         self.client = MlflowClient(tracking_uri=self.uri)
-        self.experiment = self.client.create_experiment("replayed")
+        # Its files beside it: MLflow's own default is the working folder's mlruns/, the repository's.
+        artifacts = (folder / "mlruns" / "artifacts").resolve().as_uri()
+        self.experiment = self.client.create_experiment("replayed", artifact_location=artifacts)
 
 
 def signature(line: dict[str, Any]) -> str:
@@ -217,3 +224,35 @@ def test_an_outbox_of_every_kind_of_record_as_gptpipe_wrote_it_replays_whole(
         a.path for folder in ("", "outputs") for a in store.client.list_artifacts(run.info.run_id, folder)
     }
     assert {"outputs/notes.md", "summary.md", "m.json"} <= files
+
+
+SECOND_FIRST_USE = "from tasks.tracking.delivery.signing import _key; print(_key().decode())"
+
+
+def test_a_second_process_at_the_keys_first_use_reads_the_whole_key_the_first_one_signs_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two first uses of the signing key at once. The test holds the first where its key is drawn, which
+    an older gptpipe did after creating the key file under its name (a second process then read it
+    empty, and signed with an empty key), and runs a second process there: each reads one whole key."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # a user whose key does not exist yet
+    folder = tmp_path / ".gptpipe"
+    second: list[str] = []
+    draw = signing.secrets.token_hex
+
+    def draw_while_a_second_process_asks(nbytes: int) -> str:
+        asked = subprocess.run(
+            [sys.executable, "-c", SECOND_FIRST_USE], cwd=REPO, capture_output=True, text=True, check=True
+        )
+        second.append(asked.stdout.strip())
+        return draw(nbytes)
+
+    monkeypatch.setattr(signing.secrets, "token_hex", draw_while_a_second_process_asks)
+    signing._key.cache_clear()
+    try:
+        first = signing._key().decode()
+    finally:
+        signing._key.cache_clear()  # the next test's key is its HOME's again
+    assert second == [first] and len(bytes.fromhex(first)) == 32  # the one key, whole
+    assert [p.name for p in folder.iterdir()] == ["outbox.key"]  # no other file left behind
+    assert stat.S_IMODE((folder / "outbox.key").stat().st_mode) == 0o600

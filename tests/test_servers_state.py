@@ -9,12 +9,12 @@ import os
 import pwd
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from process_support import free_port
+from process_support import reserved_port
 from tracking_support import fresh_store
 
 from flows.servers.services import Service, run_services
@@ -166,13 +166,22 @@ def start_until_it_answers(service: Service, when_ready: Callable[[], None]) -> 
     return "stopped"
 
 
-def test_a_module_planted_in_the_state_folder_never_runs_in_what_the_servers_start(tmp_path: Path) -> None:
+@pytest.fixture
+def port() -> Iterator[int]:
+    """A port held for the test's server (`process_support.reserved_port`)."""
+    with reserved_port() as held:
+        yield held
+
+
+def test_a_module_planted_in_the_state_folder_never_runs_in_what_the_servers_start(
+    tmp_path: Path, port: int
+) -> None:
     """`mlflow server` starts `python -m uvicorn` itself, without `-P`, and uvicorn imports from the folder
     it runs in: were that the state folder, a `uvicorn.py` there would be the server. Every process of a
     service runs in the empty working folder, with PYTHONSAFEPATH set."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    stack = Stack(ServerSettings(state=state, mlflow_port=free_port(), mlflow_workers=1))
+    stack = Stack(ServerSettings(state=state, mlflow_port=port, mlflow_workers=1))
     mlflow = stack.mlflow()
     assert mlflow.env is not None
     mlflow.env["MLFLOW_BACKEND_STORE_URI"] = fresh_store(tmp_path)  # SQLite for PostgreSQL: the same start

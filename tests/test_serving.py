@@ -8,7 +8,6 @@ import json
 import socket
 import sysconfig
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT
 from gptcore.serving.app import CompletionServer, create_app
 from gptcore.serving.config import ServeConfig
-from gptcore.serving.decoder import BatchDecoder
+from gptcore.serving.decoder import BatchDecoder, StepReport
 from gptcore.serving.scheduler import QueueFull, Scheduler
 from gptcore.serving.sequence import Sampling, Sequence
 from gptcore.serving.served import load_served
@@ -80,14 +79,61 @@ def serving(folder: Path, **limits: object) -> Iterator[Running]:
     web = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
     thread = threading.Thread(target=web.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
-    while not web.started:
-        time.sleep(0.01)
+    until(lambda: web.started or not thread.is_alive(), "uvicorn serves", every=0.01)
+    assert web.started, "uvicorn stopped before serving (its log says why)"
     try:
         yield Running(f"http://127.0.0.1:{listener.getsockname()[1]}", server)
     finally:
         web.should_exit = True
         thread.join(timeout=30)
         server.stop()
+
+
+class HeldSteps:
+    """A running server's decode steps, run only when the test lets them (the decoder's `step`, wrapped):
+    what a row had generated when its client left or its deadline passed is then known, not raced, and
+    freed at the next step means one step's token more, exactly."""
+
+    def __init__(self, server: CompletionServer) -> None:
+        decoder = server.scheduler.decoder
+        assert decoder is not None, "start the server first"
+        self._decoder, self._step = decoder, decoder.step
+        self._turn = threading.Condition()
+        self._asked = 0  # steps the loop has come to
+        self._allowed: int | None = None  # steps it may run; None: every one
+
+    def __enter__(self) -> HeldSteps:
+        self._decoder.step = self._gated  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()  # the server stops after this: a held loop would never end
+        del self._decoder.step
+
+    def _gated(self) -> StepReport:
+        with self._turn:
+            self._asked += 1
+            self._turn.notify_all()
+            self._turn.wait_for(lambda: self._allowed is None or self._asked <= self._allowed)
+        return self._step()
+
+    def hold(self) -> None:
+        """From now the loop stops at its next step (one under way completes)."""
+        with self._turn:
+            self._allowed = self._asked
+
+    def waiting(self) -> None:
+        """Return once the held loop waits at a step: every token of the steps before it is generated
+        and counted."""
+        with self._turn:
+            assert self._allowed is not None, "hold the loop first"
+            came = self._turn.wait_for(lambda: self._asked > self._allowed, timeout=120)  # only ends a hang
+        assert came, "the decode loop never came to its next step"
+
+    def release(self) -> None:
+        with self._turn:
+            self._allowed = None
+            self._turn.notify_all()
 
 
 def complete(url: str, headers: dict | None = None, **body: object) -> httpx.Response:
@@ -322,33 +368,62 @@ def decode_steps(running: Running) -> tuple[float, float]:
 # --- limits -----------------------------------------------------------------------------------------
 
 
+def the_row(running: Running) -> Sequence:
+    """The one sequence the server decodes now."""
+    decoder = running.server.scheduler.decoder
+    assert decoder is not None
+    [row] = decoder.sequences
+    return row
+
+
 def test_a_full_queue_answers_429_with_retry_after(model_folder: Path) -> None:
-    with serving(model_folder, max_batch=1, max_queue=0, max_tokens_cap=100_000) as running:
+    with (
+        serving(model_folder, max_batch=1, max_queue=0, max_tokens_cap=100_000) as running,
+        HeldSteps(running.server) as steps,
+    ):
         body = {"prompt": "x", "max_tokens": 100_000, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", f"{running.url}/v1/completions", json=body, timeout=60) as busy:
             lines = busy.iter_lines()  # kept: a dropped iterator closes the connection
             next(lines)  # it decodes in the one row
             refused = complete(running.url, prompt="y", max_tokens=2)
+            steps.hold()
+            steps.waiting()
+            made, row = running.generated(), the_row(running)
+        until(lambda: row.cancelled, "the stream's client left: the server cancels its row")
+        steps.release()
+        running.wait_until_idle()
         assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
         assert "the server is busy" in refused.json()["error"]["message"]
-        running.wait_until_idle()
-        assert running.generated() < 100_000, "the stream's client left: its row was freed early"
+        assert running.generated() == made + 1, "the row was freed at the step after its client left"
+        assert row.finish_reason == "cancelled"
         assert complete(running.url, prompt="y", max_tokens=2).status_code == 200
 
 
 def test_a_deadline_stops_the_request_and_frees_its_row(model_folder: Path) -> None:
-    with serving(model_folder, request_timeout=0.5, max_tokens_cap=100_000) as running:
-        late = complete(running.url, prompt="x", max_tokens=100_000, ignore_eos=True)
+    # The loop is held from before the request until its deadline has passed, so where it stops is the
+    # test's to say: admitted (well within the 2 s), it waits at its first step while its time runs out.
+    with (
+        serving(model_folder, request_timeout=2, max_tokens_cap=100_000) as running,
+        HeldSteps(running.server) as steps,
+        ThreadPoolExecutor(1) as client,
+    ):
+        steps.hold()
+        asked = client.submit(complete, running.url, prompt="x", max_tokens=100_000, ignore_eos=True)
+        steps.waiting()
+        row = the_row(running)
+        late = asked.result(timeout=120)
         assert (
             late.status_code == 504
-            and "longer than this server allows (0.5 s)" in late.json()["error"]["message"]
+            and "longer than this server allows (2 s)" in late.json()["error"]["message"]
         )
+        steps.release()
         running.wait_until_idle()
-        assert running.generated() < 100_000, "ended at its deadline, not at its length"
+        assert running.generated() == 1, "ended at the step after its deadline, not at its length"
+        assert row.finish_reason == "cancelled" and len(row.generated) == 1
 
 
 def test_a_client_that_leaves_frees_its_row_at_the_next_step(model_folder: Path) -> None:
-    with serving(model_folder, max_tokens_cap=100_000) as running:
+    with serving(model_folder, max_tokens_cap=100_000) as running, HeldSteps(running.server) as steps:
         port = int(running.url.rsplit(":", 1)[1])
         for stream in (True, False):
             body = json.dumps({"prompt": "x", "max_tokens": 100_000, "stream": stream, "ignore_eos": True})
@@ -359,8 +434,13 @@ def test_a_client_that_leaves_frees_its_row_at_the_next_step(model_folder: Path)
             with socket.create_connection(("127.0.0.1", port)) as client:
                 client.sendall(request.encode())
                 until(lambda: running.running() == 1, "it decodes")
+                steps.hold()
+                steps.waiting()
+                made, row = running.generated(), the_row(running)
+            until(lambda row=row: row.cancelled, f"its client left: the server cancels its row ({stream=})")
+            steps.release()
             running.wait_until_idle()
-            assert running.generated() < 100_000, f"the row was freed when its client left (stream {stream})"
+            assert running.generated() == made + 1, f"freed at the step after its client left ({stream=})"
 
 
 def test_a_step_budget_without_room_for_prompts_is_one_line(

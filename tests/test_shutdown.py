@@ -15,12 +15,13 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.process_support import free_port, migrated_prefect_home, stop_process_group
+from tests.process_support import migrated_prefect_home, reserved_port, stop_process_group
 from tests.tracking_support import fresh_store
 from tests.waiting import answers, until
 
@@ -29,7 +30,15 @@ CEILING = 120.0  # a stop takes a few seconds; a hung one never ends: far above 
 MARK = "GPTPIPE_TEST_TREE"  # inherited by every process of the tree, found even after it left the group
 
 
+@pytest.fixture
+def port() -> Iterator[int]:
+    """A port held for the test's server (`reserved_port`): nobody else's while the server starts."""
+    with reserved_port() as held:
+        yield held
+
+
 def port_free(port: int) -> bool:
+    """No server listens on `port` (a port the test holds itself still counts as free)."""
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -100,8 +109,10 @@ def started(mark: str, module: str) -> bool:
     ],
     ids=["SIGTERM-serving", "SIGINT-serving", "SIGINT-server-starting", "SIGTERM-workers-starting"],
 )
-def test_gptpipe_ui_stops_the_server_and_its_workers(tmp_path: Path, signum: int, moment: str) -> None:
-    port, mark = free_port(), uuid.uuid4().hex
+def test_gptpipe_ui_stops_the_server_and_its_workers(
+    tmp_path: Path, port: int, signum: int, moment: str
+) -> None:
+    mark = uuid.uuid4().hex
     process = start_ui(tmp_path, port, mark, *(["--jobs"] if "jobs" in moment else []))
     try:
         if moment == "serving":

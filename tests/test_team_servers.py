@@ -22,7 +22,7 @@ import psutil
 import pytest
 import yaml
 from fault_support import TINY_PARAMS
-from process_support import free_port
+from process_support import reserved_port
 from test_pipeline import gptpipe, states, write_corpus, write_params
 from waiting import until
 
@@ -102,7 +102,8 @@ def servers() -> Iterator[Servers]:
     state = Path(tempfile.mkdtemp(prefix="gptpipe-servers-", dir="/tmp"))
     state.chmod(0o711)
     plant_modules(state / "s")
-    ports = [str(free_port()) for _ in range(3)]
+    held = contextlib.ExitStack()  # the three ports stay the test's until the servers are gone
+    ports = [str(held.enter_context(reserved_port())) for _ in range(3)]
     command = [*GPTPIPE, "servers", "--state", str(state / "s"), "--auth", "--workers", "2"]
     command += ["--mlflow-port", ports[0], "--prefect-port", ports[1], "--postgres-port", ports[2]]
     env = {name: value for name, value in os.environ.items() if not name.startswith(("MLFLOW_", "PREFECT_"))}
@@ -129,6 +130,7 @@ def servers() -> Iterator[Servers]:
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+        held.close()
         shutil.rmtree(state, ignore_errors=True)
 
 

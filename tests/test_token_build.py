@@ -9,8 +9,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -210,21 +208,27 @@ def test_an_interrupted_build_leaves_nothing_that_looks_finished(corpus, tokeniz
     assert all(child.name.startswith(".") for child in (tmp_path / "tokens").iterdir())
 
 
+KILLED_AT_UNIT = 25
 KILLED_BUILD = """
-import sys, time
+import os, signal, sys
 from pathlib import Path
 import gptcore.data.corpus as corpus_module
 from gptcore.data.config import CorpusConfig, DataConfig
-from gptcore.data import build, encode_worker
+from gptcore.data import build
 from gptcore.data.tokenizer import read_tokenizer_manifest
 
 corpus_module.UNIT_BYTES = 16384  # many units, a journal entry after each
 build.JOURNAL_EVERY_SECONDS = 0.0
-encode = encode_worker.encode_unit
-def slow(unit):
-    time.sleep(0.05)
-    return encode(unit)
-encode_worker.encode_unit = slow
+append = build._Build._append
+def append_until_killed(self, result, tally, writers):
+    # kill -9 halfway through unit {unit}: its training ids on disk past the journal's entry, the rest not
+    if result.index == {unit}:
+        def killed(*args):
+            writers["train"].handle.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        writers["validation"].append = killed
+    return append(self, result, tally, writers)
+build._Build._append = append_until_killed
 cfg = CorpusConfig(source="local", paths={paths!r}, validation_fraction=0.2, test_fraction=0.2)
 tokenizer = read_tokenizer_manifest(Path({tokenizer!r}))
 data = DataConfig(shard_tokens=20_000, workers=1)
@@ -233,24 +237,24 @@ build.build_token_files(corpus_module.open_corpus(cfg), tokenizer, Path(sys.argv
 
 
 def test_a_build_killed_at_any_moment_carries_on_to_the_same_shards(many_units, tokenizer, tmp_path):
-    script = KILLED_BUILD.format(paths=PATHS, tokenizer=str(Path(tokenizer.path).parent))
-    killed = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), str(tmp_path / "killed")])
-    journal, deadline = None, time.monotonic() + 120
-    while time.monotonic() < deadline:
-        journal = next((tmp_path / "killed" / "tokens").glob(".*.building/progress.json"), None)
-        if journal and json.loads(journal.read_text())["next_unit"] >= 25:
-            break
-        time.sleep(0.05)
-    assert journal is not None, "the build wrote its journal"
-    os.kill(killed.pid, signal.SIGKILL)  # no handler runs: the journal and the shards are what is left
-    killed.wait()
+    script = KILLED_BUILD.format(unit=KILLED_AT_UNIT, paths=PATHS, tokenizer=str(Path(tokenizer.path).parent))
+    killed = subprocess.run([sys.executable, "-c", script, str(tmp_path / "killed")], timeout=300)
+    assert killed.returncode == -signal.SIGKILL, "killed where placed, not finished nor failed"
     tokens = tmp_path / "killed" / "tokens"
     assert [child.name for child in tokens.iterdir() if not child.name.startswith(".")] == []
-    assert list(tokens.glob(".*.building/*.partial")), "an open shard, never taken as complete"
+    (building,) = tokens.glob(".*.building")
+    journal = json.loads((building / "progress.json").read_text())
+    assert journal["next_unit"] == KILLED_AT_UNIT, "the last entry: after the unit before the kill's"
+    train = journal["splits"]["train"]
+    listed = {shard["file"] for shard in train["shards"]}
+    past = sum(path.stat().st_size for path in building.glob("train-*") if path.name not in listed)
+    synced = 2 * train["open"]["tokens"]  # bytes of uint16 ids the journal's entry counts
+    assert past > synced, "ids on disk past the journal's entry, for the next run to drop"
+    assert list(building.glob("*.partial")), "an open shard, never taken as complete"
 
     resumed = build_token_files(many_units, tokenizer, tmp_path / "killed", data=SMALL_SHARDS)
     uninterrupted = build_token_files(many_units, tokenizer, tmp_path / "whole", data=SMALL_SHARDS)
-    assert resumed.resumed_at_unit >= 25 and uninterrupted.resumed_at_unit == 0
+    assert resumed.resumed_at_unit == KILLED_AT_UNIT and uninterrupted.resumed_at_unit == 0
     assert shard_hashes(resumed) == shard_hashes(uninterrupted)
     assert {s: t.documents for s, t in resumed.files.items()} == {
         s: t.documents for s, t in uninterrupted.files.items()

@@ -135,6 +135,16 @@ def test_default_store_is_sqlite_under_mlruns_of_the_working_directory(tmp_path:
     assert target.source == "default"
 
 
+def test_a_local_stores_artifacts_lie_beside_it_whatever_the_working_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/store/mlflow.db")
+    target = resolve_target(TrackingConfig(), root=tmp_path / "elsewhere")
+    assert target.artifact_location == (tmp_path / "store" / "artifacts").resolve().as_uri()
+    named = resolve_target(TrackingConfig(artifact_root="art"), root=tmp_path / "elsewhere")
+    assert named.artifact_location == (tmp_path / "elsewhere" / "art").resolve().as_uri()  # as it says
+
+
 def test_environment_uri_wins_over_the_parameter_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -242,6 +252,27 @@ def test_a_url_password_is_redacted_wherever_it_stands_in_a_text() -> None:
     assert "hunter22" not in report.last_error and report.last_error.startswith(
         "API request to http://alice:***@"
     )
+
+
+def test_the_commit_tag_is_the_checkouts_head_and_absent_outside_git(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from tasks.tracking.store import git_commit
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git looks no higher, wherever tmp is
+
+    def git(*args: str) -> str:
+        command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path / "repo"), *args]
+        return subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
+
+    (tmp_path / "repo").mkdir()
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "first")
+    assert git_commit(tmp_path / "repo") == git("rev-parse", "HEAD")
+    (tmp_path / "plain").mkdir()
+    assert git_commit(tmp_path / "plain") is None  # a copy without .git: no tag rather than a wrong one
 
 
 def test_a_failed_runs_tags_and_resume_command_hold_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -508,9 +539,11 @@ def pipeline_params(tmp_path: Path) -> tuple[Any, Path]:
 
 
 def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_point_at_their_producer(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     params, path = pipeline_params(tmp_path)
+    commit = "0123456789abcdef" * 2 + "01234567"  # the checkout's commit, as git_commit gives it
+    monkeypatch.setattr("tasks.tracking.recorder.git_commit", lambda: commit)
     manifest_file = tmp_path / "tokenizer.json"
     manifest_file.write_text("{}")
     result = StageResult(fingerprint="abc123", files={str(manifest_file): "x"}, figures={"vocab_size": 300})
@@ -531,7 +564,7 @@ def test_a_flow_run_is_a_parent_with_one_child_per_stage_and_cached_children_poi
     assert parent.info.experiment_id == client.get_experiment_by_name("it-7").experiment_id
     assert parent.data.tags["prefect.flow_run_id"] == "flow-2"
     assert len(parent.data.tags["params_sha256"]) == 64
-    assert len(parent.data.tags.get("git_commit", "0" * 40)) == 40
+    assert (parent.data.tags["git_commit"], parent.data.tags["mlflow.source.git.commit"]) == (commit, commit)
     assert parent.data.params["model.profile"] == "tiny"
     # The recipe a run trained with is two params of the parent run, so the compare view sets them apart.
     assert (parent.data.params["model.recipe"], parent.data.params["optimizer.name"]) == ("gpt2", "adamw")

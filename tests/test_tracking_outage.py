@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from fault_support import TINY_PARAMS
-from process_support import free_port, stop_process_group
+from process_support import reserved_port, stop_process_group
 from test_mlflow_browser import wait_healthy
 from tracking_support import Waits, fresh_store, three_step_job
 
@@ -35,13 +35,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Server:
-    """`mlflow server` over one SQLite store on one loopback port, stopped and started again at will."""
+    """`mlflow server` over one SQLite store on one loopback port, stopped and started again at will: the
+    port is held for it (`reserved_port`), so no other process takes it while the server is away."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, port: int) -> None:
         uri = fresh_store(folder)
         artifacts = str(folder / "mlruns" / "artifacts")
         self.target = resolve_target(TrackingConfig(uri=uri, artifact_root=artifacts))
-        self.port = free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
@@ -61,11 +62,12 @@ class Server:
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    server = Server(tmp_path)
-    server.start()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-    yield server
-    server.stop()
+    with reserved_port() as port:
+        server = Server(tmp_path, port)
+        server.start()
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        yield server
+        server.stop()
 
 
 class Outages(TrainingCallback):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tracking_support import Waits, fresh_store, three_step_job
+from waiting import until
 
 from gptcore.train.records import StartupRecord, StepRecord, SummaryRecord
 from gptcore.train.trainer import train
@@ -16,6 +16,8 @@ from tasks.params.schema import TrackingConfig
 from tasks.tracking import DeliverySettings, MLflowCallback, RunWriter, TrackingSession, training_metadata
 from tasks.tracking.delivery.operations import PARAM_VALUE_LIMIT
 from tasks.tracking.delivery.outbox import Outbox
+
+CEILING = 120.0  # a wait for an event ends a hang here, far above the honest few milliseconds
 
 
 @pytest.fixture
@@ -228,14 +230,13 @@ def test_a_server_call_that_fails_is_retried_by_the_writer_alone(
     for name, value in HTTP_DEFAULTS.items():  # what gptpipe sets for a server store
         monkeypatch.setenv(name, value)
     client = MlflowClient(tracking_uri=f"http://127.0.0.1:{server.server_address[1]}")
-    writer = RunWriter(
-        client, delivery=DeliverySettings(retries=2, backoff_seconds=0.01, probe_seconds=600), outbox=tmp_path
-    )
+    # The caller waits for its answer (the first failure), never for a guessed while that would count an
+    # outage of its own: only the writer's third failed attempt begins the outage here.
+    delivery = DeliverySettings(retries=2, backoff_seconds=0.01, probe_seconds=600, answer_seconds=CEILING)
+    writer = RunWriter(client, delivery=delivery, outbox=tmp_path)
     try:
         assert writer.ask("experiment", client.get_experiment, "0") is None
-        deadline = time.monotonic() + 60
-        while writer.report.outages == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: writer.report.outages, "the writer gave up after its retries", CEILING)
         assert writer.report.outages == 1 and len(requests) == 3
     finally:
         writer.close()

@@ -11,18 +11,22 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-_TEMPLATE = Path(tempfile.gettempdir()) / f"gptpipe-test-mlflow-{version('mlflow')}.db"
-
 
 def _template() -> Path:
-    if not _TEMPLATE.is_file():
-        from mlflow import MlflowClient
+    """The migrated empty store, kept in the temporary folder at the time of asking: in the suite, its
+    run's own (tests/conftest.py), shared by its workers; one migrates while the others wait."""
+    from filelock import FileLock
 
-        building = _TEMPLATE.with_name(f"{_TEMPLATE.name}.{os.getpid()}.tmp")
-        building.unlink(missing_ok=True)
-        MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments(max_results=1)
-        os.replace(building, _TEMPLATE)
-    return _TEMPLATE
+    template = Path(tempfile.gettempdir()) / f"gptpipe-test-mlflow-{version('mlflow')}.db"
+    with FileLock(f"{template}.lock"):
+        if not template.is_file():
+            from mlflow import MlflowClient
+
+            building = template.with_name(f"{template.name}.{os.getpid()}.tmp")
+            building.unlink(missing_ok=True)
+            MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments(max_results=1)
+            os.replace(building, template)
+    return template
 
 
 def fresh_store(folder: Path) -> str:

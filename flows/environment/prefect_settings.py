@@ -101,6 +101,10 @@ class TemporaryServer:
     here first, and pointing PREFECT_API_URL at it, lets it come up while torch and the stage code import;
     at exit it is asked to stop without waiting. The database is the one under PREFECT_HOME, as with
     Prefect's own temporary server.
+
+    The listening socket is made here, on a port the kernel chose, and handed to the server: its address
+    is known at once, and the port is never free for another process to take while the server imports
+    (Prefect's own picks a port it finds free and starts again on another when the bind is lost).
     """
 
     def __init__(self, startup_timeout: float = 60.0) -> None:
@@ -112,7 +116,8 @@ class TemporaryServer:
     def start(self) -> None:
         if os.environ.get("PREFECT_API_URL"):
             return  # a configured server wins
-        port = _free_port()
+        listener = socket.create_server(("127.0.0.1", 0))  # listening already: early requests queue
+        port = listener.getsockname()[1]
         env = {
             **os.environ,
             LAUNCHER_PID_VARIABLE: str(os.getpid()),  # the server stops when this process dies
@@ -120,17 +125,16 @@ class TemporaryServer:
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
         }
-        command = [sys.executable, "-m", "flows.environment.prefect_server"]
-        command += ["--factory", "prefect.server.api.server:create_app"]
-        command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+        command = [sys.executable, "-m", "flows.environment.prefect_server", str(listener.fileno())]
         # Its output goes to a log of its own, not the person's terminal: a server stopped mid-request at
         # exit (Ctrl-C, SIGTERM) says so with SQLAlchemy's tracebacks, which are about its teardown alone.
         self.log = Path(os.environ.get("PREFECT_HOME", ".prefect")).expanduser() / "temporary-server.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as output:
+        with listener, self.log.open("ab") as output:  # the server's copy of the socket is its alone
             self.process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output
-            )
+                command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                pass_fds=(listener.fileno(),),
+            )  # fmt: skip
         atexit.register(self.stop)
         self.api_url = f"http://127.0.0.1:{port}/api"
         os.environ["PREFECT_API_URL"] = self.api_url
@@ -143,14 +147,17 @@ class TemporaryServer:
                 check_configured_server(configured)
             return
         deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
+        while (left := deadline - time.monotonic()) > 0:
             if self.process.poll() is not None:
                 code = self.process.returncode
                 raise RuntimeError(
                     f"the temporary Prefect server exited with code {code} (its log: {self.log})"
                 )
             try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                # The socket listens from the start: the request waits in its queue until the server
+                # serves it, and fails when the server dies (the socket closes with it); asked again every
+                # few seconds all the same, so an exit is seen however the socket fares.
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=min(left, 5)) as response:
                     if response.status == 200:
                         return
             except OSError:
@@ -196,9 +203,3 @@ def check_configured_server(api_url: str) -> None:
         raise ConfigError(
             f"Prefect server {shown} asks for credentials: set PREFECT_API_AUTH_STRING to its auth string"
         ) from None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

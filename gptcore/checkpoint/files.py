@@ -32,6 +32,7 @@ from gptcore.checkpoint.record import FORMAT_VERSION, CheckpointManifest, Checkp
 from gptcore.errors import CheckpointError, first_line
 from gptcore.tools.atomic import temporary_sibling, write_atomic
 from gptcore.tools.disk_space import disk_full, is_disk_full
+from gptcore.tools.faults import kill_point
 from gptcore.tools.fingerprint import sha256_file
 from gptcore.tools.records import Settings
 
@@ -39,9 +40,6 @@ MANIFEST = "manifest.json"
 # In a record published over another checkpoint of its name: the replaced content's record, readable
 # until the new weights' rename ends the publishing (kept after it only by a kill in between).
 PREVIOUS = "previous"
-# Fault injection for the kill tests: seconds to sleep inside each checkpoint file write, after the
-# temporary file is written and before it is renamed, so a test can kill the process mid-write.
-WRITE_DELAY_ENV = "GPTPIPE_FAULT_CHECKPOINT_WRITE_DELAY"
 # What a `.pt` file holds: torch's state dicts (the model's, the optimizer's, ...), RNG states, the step;
 # tensors and plain values, loaded with `weights_only=True`. Free-form: each part's owner reads its own.
 State = dict[str, Any]
@@ -93,18 +91,12 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def _write_delay() -> None:
-    delay = os.environ.get(WRITE_DELAY_ENV)
-    if delay:
-        time.sleep(float(delay))
-
-
-def _atomic_write(target: Path, write: Any, before_rename: Callable[[], None] = _write_delay) -> None:
-    write_atomic(target, write, before_rename=before_rename)
-
-
-def _write_json(target: Path, value: Any) -> None:
-    _atomic_write(target, lambda handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode()))
+def _write_json(target: Path, value: Any, before_rename: Callable[[], None] | None = None) -> None:
+    write_atomic(
+        target,
+        lambda handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode()),
+        before_rename=before_rename,
+    )
 
 
 def _read_json(path: Path) -> object:
@@ -171,7 +163,9 @@ def save_checkpoint(
         sidecar = _publish(path, state, record)
         manifest = read_manifest(directory)
         manifest.checkpoints[name] = ManifestEntry.of(sidecar)
-        _write_json(directory / MANIFEST, asdict(manifest))
+        _write_json(
+            directory / MANIFEST, asdict(manifest), lambda: kill_point("checkpoint-manifest", record.step)
+        )
         _fsync_directory(directory)
     except OSError as error:
         _forget_unlisted(directory, name)
@@ -211,11 +205,12 @@ def _publish(path: Path, state: State, record: CheckpointRecord) -> CheckpointRe
         _write_json(
             path.with_suffix(".json"),
             written if previous is None else {**written, PREVIOUS: previous.to_dict()},
+            lambda: kill_point("checkpoint-record", record.step),
         )
         _fsync_directory(path.parent)  # the record on disk before the weights it describes replace the old
-        _write_delay()
+        kill_point("checkpoint-weights", record.step)
 
-    _atomic_write(path, lambda handle: torch.save(state, handle), before_rename=record_then_rename)
+    write_atomic(path, lambda handle: torch.save(state, handle), before_rename=record_then_rename)
     if previous is not None:
         _write_json(path.with_suffix(".json"), published[0].to_dict())
     return published[0]

@@ -10,7 +10,10 @@ Every row is measured the same way, in this process, one method after another:
   `repeats`; prefill tokens per second over one full window;
 - memory: the weights' bytes in memory, and the process's peak resident set while the row was measured.
 
-A method this build or device cannot run is a row `skipped: <reason>`, never a failure of the whole.
+A method this build or device cannot run is a row `skipped: <reason>`, never a failure of the whole. A
+method this CPU only emulates (bf16 without AVX512-BF16 or AMX: every multiply converted to fp32 and back)
+is measured briefly and says so: quality on the test split's first `emulated_test_tokens`, against fp32's
+on the same tokens, and each speed timed once, since those speeds are the conversions', not the format's.
 """
 
 from __future__ import annotations
@@ -126,8 +129,10 @@ def measure_tradeoff(
         if reason is not None:
             rows.append(TradeoffRow(method, f"skipped: {reason}"))
             continue
+        emulated = _emulated(method, device)
+        measured = settings if emulated is None else _briefly(settings)
         try:
-            row, greedy = _measure(model, method, test, tokenizer, settings, prompt_ids, folder / method)
+            row, greedy = _measure(model, method, test, tokenizer, measured, prompt_ids, folder / method)
         except (NotImplementedError, RuntimeError) as error:  # no kernel for this method here
             if method == REFERENCE:
                 raise  # nothing to compare against: not a skip
@@ -136,9 +141,34 @@ def measure_tradeoff(
             continue
         if method == REFERENCE:
             reference_greedy = greedy
-        row = replace(row, emulated=_emulated(method, device))
-        rows.append(_against(row, rows[0] if rows else row, greedy, reference_greedy))
+        reference = _reference_on(model, test, rows[0], row.test_tokens) if rows else row
+        rows.append(_against(replace(row, emulated=emulated), reference, greedy, reference_greedy))
     return rows
+
+
+def _briefly(settings: QuantizeConfig) -> QuantizeConfig:
+    """What an emulated method is measured over: quality on `emulated_test_tokens`, speeds timed once.
+    Its speed is this CPU's conversions, not the format's, so repeating it buys nothing, and its
+    compute-bound work runs 15-45x slower than fp32's: the whole prefix would cost minutes."""
+    prefix = min(settings.max_test_tokens or settings.emulated_test_tokens, settings.emulated_test_tokens)
+    return settings.model_copy(update={"max_test_tokens": prefix, "repeats": 1})
+
+
+def _reference_on(model: GPT, test: TokenStream, reference: TradeoffRow, tokens: int | None) -> TradeoffRow:
+    """The fp32 row with its quality measured on the first `tokens` predicted tokens, where a row was
+    measured on fewer than fp32 was (an emulated method): a change against fp32 is on the same tokens."""
+    if tokens is None or reference.test_tokens is None or tokens >= reference.test_tokens:
+        return reference
+    windows = EvaluateConfig().windows_per_pass(model.config.block_size)
+    nats, predicted = summed_nats(model, test.tokens, windows, tokens)
+    loss = nats / predicted
+    return replace(
+        reference,
+        test_loss=loss,
+        test_perplexity=math.exp(min(loss, 700.0)),
+        test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
+        test_tokens=predicted,
+    )
 
 
 def _emulated(method: str, device: str) -> str | None:
@@ -162,8 +192,8 @@ def _measure(
     reset_peak_memory(device)
     candidate = quantized(model, method)
     files = write_model_files(candidate, tokenizer, folder, method)
-    with torch.no_grad():
-        nats, predicted = summed_nats(candidate, test.tokens, 8, settings.max_test_tokens)
+    windows = EvaluateConfig().windows_per_pass(candidate.config.block_size)
+    nats, predicted = summed_nats(candidate, test.tokens, windows, settings.max_test_tokens)
     loss = nats / predicted
     greedy = [sample(candidate, ids, settings.new_tokens, temperature=0.0) for ids in prompt_ids]
     load = MachineLoad()
@@ -272,6 +302,12 @@ def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
     for row in rows:
         if row.emulated:  # its speed columns are this CPU's conversions, not the format's
             lines += [f"{row.emulated}: its speed columns are this CPU's conversions, not the format's.", ""]
+        if row.measured and reference is not None and row.test_tokens != reference.test_tokens:
+            lines += [
+                f"{row.method}: quality on the test split's first {row.test_tokens:,} tokens, its changes "
+                "against fp32 on the same tokens (quantize.emulated_test_tokens); speeds timed once.",
+                "",
+            ]
     return "\n".join([table(header, cells), "", *lines, f"Measured on: {described}."])
 
 

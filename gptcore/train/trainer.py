@@ -33,6 +33,7 @@ from gptcore.runtime.device import apply_runtime
 from gptcore.runtime.flops import RunMeasures, Throughput
 from gptcore.runtime.load import MachineLoad
 from gptcore.runtime.memory import StepMemory, TrainingMemory, is_out_of_memory
+from gptcore.tools.faults import kill_point
 from gptcore.tools.fingerprint import fingerprint
 from gptcore.train.callbacks import TrainingCallback
 from gptcore.train.compile import compile_for_training, compiled_graphs
@@ -218,6 +219,7 @@ class Trainer:
                     loss_sum.zero_()
                     counted = 0
                 self.between_steps()
+                kill_point("step", state.step)  # a kill test's placed `kill -9` (gptcore.tools.faults)
             self.nonfinite_guard.settle()
         finally:
             loader.close()

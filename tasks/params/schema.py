@@ -215,7 +215,9 @@ class TrackingConfig(Strict):
     """Where the pipeline's MLflow records go."""
 
     uri: str | None = Field(default=None, description="MLFLOW_TRACKING_URI wins; else the local store")
-    artifact_root: str = Field(default="mlruns/artifacts", description="a new experiment's artifact location")
+    artifact_root: str | None = Field(
+        default=None, description="a new experiment's artifact location (None: beside a local store)"
+    )
     experiment: str = Field(default="gptpipe", description="the MLflow experiment runs are recorded in")
     system_metrics: bool = Field(default=True, description="CPU, memory and GPU samples in each training run")
     registered_model: str | None = Field(

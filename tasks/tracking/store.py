@@ -1,7 +1,9 @@
 """Where MLflow records go, checked before anything trains, and what never goes there.
 
-The embedded default is a SQLite store, `sqlite:///<cwd>/mlruns/mlflow.db`, with artifacts under
-`<cwd>/mlruns/artifacts` (MLflow 3.17 no longer accepts the old `./mlruns` file store).
+The embedded default is a SQLite store, `sqlite:///<cwd>/mlruns/mlflow.db` (MLflow 3.17 no longer
+accepts the old `./mlruns` file store). A local store's artifacts go beside its database
+(`<database's folder>/artifacts`: `<cwd>/mlruns/artifacts` for the default) unless `tracking.artifact_root`
+names a folder: they follow the store, never the working directory of whoever opens it.
 `MLFLOW_TRACKING_URI` wins over the parameter file's `tracking.uri`, which wins over the default; any
 tracking server works the same way. Every client is built with an explicit URI: nothing here reads or
 sets MLflow's process-wide tracking URI or active run, because Prefect runs tasks on worker threads.
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from tasks.params.schema import TrackingConfig
 
 DEFAULT_STORE = "mlruns/mlflow.db"
-DEFAULT_ARTIFACTS = "mlruns/artifacts"
+ARTIFACTS_BESIDE_STORE = "artifacts"  # a local store's artifact root, in its database's folder
 PROBE_SECONDS = 5.0
 # MLflow's HTTP client retries a refused connection 7 times with backoff factor 2 (minutes) and waits
 # 120 s for an answer. The run writer's delivery loop is the one retry layer (it retries, then waits out
@@ -70,20 +72,23 @@ class TrackingTarget:
         return Path(self.uri.removeprefix("sqlite:///")) if self.is_local else None
 
 
-def _local_target(path: str, artifacts: str, root: Path, source: str) -> TrackingTarget:
+def _local_target(path: str, artifacts: str | None, root: Path, source: str) -> TrackingTarget:
+    """A SQLite store and its artifact root: `artifacts` (relative to `root`) when given, else the folder
+    beside the database, so a store named by MLFLOW_TRACKING_URI keeps its files with it."""
     database = Path(path)
-    database = database if database.is_absolute() else root / database
-    artifact_root = Path(artifacts)
+    database = (database if database.is_absolute() else root / database).resolve()
+    artifact_root = database.parent / ARTIFACTS_BESIDE_STORE if artifacts is None else Path(artifacts)
     artifact_root = artifact_root if artifact_root.is_absolute() else root / artifact_root
-    return TrackingTarget(f"sqlite:///{database.resolve()}", artifact_root.resolve().as_uri(), source)
+    return TrackingTarget(f"sqlite:///{database}", artifact_root.resolve().as_uri(), source)
 
 
 def resolve_target(config: TrackingConfig | None = None, root: Path | None = None) -> TrackingTarget:
     """The tracking location from the environment, else `config`, else the default.
 
-    Relative local paths resolve against `root` (the working directory by default)."""
+    Relative local paths resolve against `root` (the working directory by default); a local store's
+    artifacts are `tracking.artifact_root` when set, else beside its database."""
     root = Path(root or Path.cwd())
-    artifacts = (config.artifact_root if config is not None else None) or DEFAULT_ARTIFACTS
+    artifacts = (config.artifact_root if config is not None else None) or None  # "": not set either
     for source, uri in (
         ("MLFLOW_TRACKING_URI", os.environ.get("MLFLOW_TRACKING_URI")),
         ("tracking.uri", config.uri if config is not None else None),

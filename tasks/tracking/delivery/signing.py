@@ -16,6 +16,8 @@ import json
 import os
 import secrets
 import stat
+import tempfile
+from contextlib import suppress
 from functools import cache
 from pathlib import Path
 
@@ -27,23 +29,38 @@ KEY_FILE = Path("~/.gptpipe/outbox.key")
 
 @cache
 def _key() -> bytes:
-    """This user's signing key: created once (0600, never through a link), refused when anyone else
-    could read or replace it."""
+    """This user's signing key: created once, whole (0600, never through a link), refused when anyone
+    else could read or replace it, or when the file holds none."""
     path = KEY_FILE.expanduser()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_hex(32))
+    if not os.path.lexists(path):
+        _create_key(path)
     descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(descriptor) as handle:
         info = os.fstat(handle.fileno())
         if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise PermissionError(f"{path}: must be this user's and readable by nobody else (chmod 600)")
-        return handle.read().strip().encode()
+        key = handle.read().strip().encode()
+    if not key:  # an older gptpipe stopped between creating the file and writing it: anyone could sign
+        raise PermissionError(f"{path}: holds no key; remove it and a new one is made")
+    return key
+
+
+def _create_key(path: Path) -> None:
+    """A new key at `path`, whole from the moment it has that name: written to a file of its own in the
+    same folder (0600), then linked to `path`. A link never replaces, so of processes making the key at
+    once exactly one wins, and the others read the winner's whole key (a file created under its name
+    and written afterwards would be read empty by a second process in between)."""
+    descriptor, written = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600, O_EXCL
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))
+            handle.flush()
+            os.fsync(handle.fileno())  # whole on disk before it has its name, a crash included
+        with suppress(FileExistsError):  # another process's key won: theirs is read
+            os.link(written, path)
+    finally:
+        os.unlink(written)
 
 
 def _digest(record: OutboxRecord) -> str:
