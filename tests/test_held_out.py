@@ -152,10 +152,3 @@ def test_validation_reports_bits_per_byte_where_the_token_file_knows_its_text(
     record = evals.records[-1]
     tokens_per_byte = tokens.validation.tokens / tokens.validation.text_bytes
     assert record["val_bits_per_byte"] == pytest.approx(record["val_loss"] * tokens_per_byte / math.log(2))
-
-
-def test_an_evaluation_pass_holds_16384_tokens_unless_batch_size_says_otherwise() -> None:
-    from gptcore.eval.config import EvaluateConfig
-
-    assert [EvaluateConfig().windows_per_pass(block) for block in (256, 1024, 32768)] == [64, 16, 1]
-    assert EvaluateConfig(batch_size=3).windows_per_pass(256) == 3

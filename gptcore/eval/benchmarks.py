@@ -32,9 +32,6 @@ SAMPLES = "samples"
 STDERR = "_stderr"
 
 
-HARNESS_BATCH = 8  # requests a pass where `evaluate.batch_size` leaves it to us: the harness's are short
-
-
 @dataclass(frozen=True)
 class BenchmarkRequest:
     """Which tasks and how: the harness's own options."""
@@ -43,7 +40,7 @@ class BenchmarkRequest:
     include_path: Path | None = None
     limit: int | None = None  # the first N examples of each task (None: all)
     num_fewshot: int | None = None  # None: each task's own default
-    batch_size: int = HARNESS_BATCH
+    batch_size: int = 8
     device: str = "cpu"
 
 
@@ -92,7 +89,7 @@ def requests_for(settings: EvaluateConfig, device: str) -> list[BenchmarkRequest
     for benchmark in settings.benchmarks:
         groups.setdefault((benchmark.limit, benchmark.num_fewshot), []).append(benchmark.task)
     return [
-        BenchmarkRequest(tuple(tasks), include, limit, shots, settings.batch_size or HARNESS_BATCH, device)
+        BenchmarkRequest(tuple(tasks), include, limit, shots, settings.batch_size, device)
         for (limit, shots), tasks in groups.items()
     ]
 

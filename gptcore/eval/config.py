@@ -10,11 +10,6 @@ from pydantic import Field, model_validator
 
 from gptcore.tools.strict import Strict
 
-# Tokens per forward pass of an evaluation (no autograd, the loss's logits in chunks): wide passes keep a
-# CPU's matrix units fed (measured on iteration 1's model: 32 or 64 windows of 256 tokens took 0.6x the CPU
-# time of 8), while their activations stay a few hundred MB for iteration 3's width.
-PASS_TOKENS = 16_384
-
 # gptcore.model.quantization.METHODS, as a type a configuration can check.
 QuantizationMethod = Literal["fp32", "bf16", "int8-weight-only", "int8-dynamic", "int4-weight-only"]
 
@@ -43,11 +38,10 @@ class EvaluateConfig(Strict):
     temperature: float = Field(default=0.8, gt=0.0, le=10.0, description="of the sampled continuation")
     top_k: int | None = Field(default=50, ge=1, description="sample among the k likeliest tokens (None: all)")
     seed: int = Field(default=0, description="the sampled continuations' seed")
-    batch_size: int | None = Field(
-        default=None,
+    batch_size: int = Field(
+        default=8,
         ge=1,
-        description="test windows per forward pass (None: as many as hold PASS_TOKENS tokens, "
-        "`windows_per_pass`)",
+        description="test windows per forward pass (wider is no faster on a CPU: bench/evaluate_passes.py)",
     )
     max_tokens: int | None = Field(
         default=None, ge=1, description="evaluate the test stream's first N tokens only (None: all)"
@@ -70,11 +64,6 @@ class EvaluateConfig(Strict):
         description="<task>/<metric> of a listed benchmark: a version whose figure regressed against the "
         "champion's may not take @champion",
     )
-
-    def windows_per_pass(self, block_size: int) -> int:
-        """Test windows per forward pass: `batch_size`, else as many `block_size` windows as hold
-        PASS_TOKENS tokens (at least one)."""
-        return self.batch_size or max(1, PASS_TOKENS // block_size)
 
     @model_validator(mode="after")
     def _gate_names_a_listed_task(self) -> EvaluateConfig:

@@ -150,13 +150,11 @@ def stream_figures(
     """(loss in nats per token, bits per byte, tokens predicted) of `model` on a token stream: its first
     `settings.max_tokens` tokens, or all of them (a masked stream: its targets alone, in whole examples)."""
     if stream.mask is not None:
-        windows = settings.windows_per_pass(model.config.block_size)
-        nats, predicted = masked_nats(model, stream, windows, settings.max_tokens)
+        nats, predicted = masked_nats(model, stream, settings.batch_size, settings.max_tokens)
         if predicted == 0:
             raise DataError(f"{stream.path}: no target to evaluate in its examples")
         return nats / predicted, stream_bits_per_byte(stream, nats, predicted), predicted
-    windows = settings.windows_per_pass(model.config.block_size)
-    nats, predicted = summed_nats(model, stream.tokens, windows, settings.max_tokens)
+    nats, predicted = summed_nats(model, stream.tokens, settings.batch_size, settings.max_tokens)
     if predicted == 0:
         raise DataError(f"{stream.path}: too few tokens to evaluate ({len(stream)})")
     return nats / predicted, stream_bits_per_byte(stream, nats, predicted), predicted

@@ -159,8 +159,7 @@ def _reference_on(model: GPT, test: TokenStream, reference: TradeoffRow, tokens:
     measured on fewer than fp32 was (an emulated method): a change against fp32 is on the same tokens."""
     if tokens is None or reference.test_tokens is None or tokens >= reference.test_tokens:
         return reference
-    windows = EvaluateConfig().windows_per_pass(model.config.block_size)
-    nats, predicted = summed_nats(model, test.tokens, windows, tokens)
+    nats, predicted = summed_nats(model, test.tokens, EvaluateConfig().batch_size, tokens)
     loss = nats / predicted
     return replace(
         reference,
@@ -192,7 +191,7 @@ def _measure(
     reset_peak_memory(device)
     candidate = quantized(model, method)
     files = write_model_files(candidate, tokenizer, folder, method)
-    windows = EvaluateConfig().windows_per_pass(candidate.config.block_size)
+    windows = EvaluateConfig().batch_size  # the evaluate stage's passes
     nats, predicted = summed_nats(candidate, test.tokens, windows, settings.max_test_tokens)
     loss = nats / predicted
     greedy = [sample(candidate, ids, settings.new_tokens, temperature=0.0) for ids in prompt_ids]
