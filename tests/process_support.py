@@ -48,29 +48,36 @@ def stop_process_group(process: subprocess.Popen, grace_seconds: float = 30) -> 
         process.wait()
 
 
-def prefect_template() -> Path:
-    """Where the migrated Prefect database is kept: the temporary folder at the time of asking, which in
-    the suite is its run's own (tests/conftest.py), shared by its workers."""
-    return Path(tempfile.gettempdir()) / f"gptpipe-test-prefect-{version('prefect')}.db"
+def built_once(name: str, build: Callable[[Path], None]) -> Path:
+    """The file `name` in the temporary folder at the time of asking (in the suite, its run's own:
+    tests/conftest.py, shared by its workers), made by `build(path)` the first time: one process builds
+    under a file lock while the others wait, and the file appears whole (built aside, then renamed)."""
+    from filelock import FileLock
+
+    made = Path(tempfile.gettempdir()) / name
+    with FileLock(f"{made}.lock"):
+        if not made.is_file():
+            building = made.with_name(f"{made.name}.{os.getpid()}.tmp")
+            build(building)
+            os.replace(building, made)
+    return made
+
+
+def _migrate_prefect_database(database: Path) -> None:
+    home = database.with_suffix(".home")
+    prefect = Path(sys.executable).parent / "prefect"
+    subprocess.run(
+        [str(prefect), "server", "database", "upgrade", "-y"],
+        env={**os.environ, "PREFECT_HOME": str(home)}, check=True, capture_output=True,
+    )  # fmt: skip
+    os.replace(home / "prefect.db", database)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def migrated_prefect_home(home: Path) -> Path:
-    """`home` as a PREFECT_HOME whose database is already migrated: a copy of one migrated once per
-    run and Prefect version (the migrations take longer than the server's start); one worker migrates
-    while the others wait for it."""
-    from filelock import FileLock
-
-    template = prefect_template()
-    with FileLock(f"{template}.lock"):
-        if not template.is_file():
-            building = template.with_name(f"{template.name}.{os.getpid()}")
-            prefect = Path(sys.executable).parent / "prefect"
-            subprocess.run(
-                [str(prefect), "server", "database", "upgrade", "-y"],
-                env={**os.environ, "PREFECT_HOME": str(building)}, check=True, capture_output=True,
-            )  # fmt: skip
-            os.replace(building / "prefect.db", template)
-            shutil.rmtree(building, ignore_errors=True)
+    """`home` as a PREFECT_HOME whose database is already migrated: a copy of one migrated once per run
+    and Prefect version (the migrations take longer than the server's start)."""
+    template = built_once(f"gptpipe-test-prefect-{version('prefect')}.db", _migrate_prefect_database)
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(template, home / "prefect.db")
     return home

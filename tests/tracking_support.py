@@ -3,30 +3,25 @@ the migrated empty database into its own temporary folder."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import threading
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from process_support import built_once
+
+
+def _migrate_mlflow_store(database: Path) -> None:
+    from mlflow import MlflowClient
+
+    database.unlink(missing_ok=True)
+    MlflowClient(tracking_uri=f"sqlite:///{database}").search_experiments(max_results=1)
+
 
 def _template() -> Path:
-    """The migrated empty store, kept in the temporary folder at the time of asking: in the suite, its
-    run's own (tests/conftest.py), shared by its workers; one migrates while the others wait."""
-    from filelock import FileLock
-
-    template = Path(tempfile.gettempdir()) / f"gptpipe-test-mlflow-{version('mlflow')}.db"
-    with FileLock(f"{template}.lock"):
-        if not template.is_file():
-            from mlflow import MlflowClient
-
-            building = template.with_name(f"{template.name}.{os.getpid()}.tmp")
-            building.unlink(missing_ok=True)
-            MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments(max_results=1)
-            os.replace(building, template)
-    return template
+    """The migrated empty store, built once per run (`process_support.built_once`)."""
+    return built_once(f"gptpipe-test-mlflow-{version('mlflow')}.db", _migrate_mlflow_store)
 
 
 def fresh_store(folder: Path) -> str:

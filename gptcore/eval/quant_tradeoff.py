@@ -159,15 +159,20 @@ def _reference_on(model: GPT, test: TokenStream, reference: TradeoffRow, tokens:
     measured on fewer than fp32 was (an emulated method): a change against fp32 is on the same tokens."""
     if tokens is None or reference.test_tokens is None or tokens >= reference.test_tokens:
         return reference
-    nats, predicted = summed_nats(model, test.tokens, EvaluateConfig().batch_size, tokens)
+    return replace(reference, **_quality(model, test, tokens))
+
+
+def _quality(model: GPT, test: TokenStream, max_tokens: int | None) -> dict[str, Any]:
+    """A row's quality fields: loss, perplexity and bits per byte on the test stream's first `max_tokens`
+    predicted tokens (None: all), read in the evaluate stage's passes, and how many tokens that was."""
+    nats, predicted = summed_nats(model, test.tokens, EvaluateConfig().batch_size, max_tokens)
     loss = nats / predicted
-    return replace(
-        reference,
-        test_loss=loss,
-        test_perplexity=math.exp(min(loss, 700.0)),
-        test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
-        test_tokens=predicted,
-    )
+    return {
+        "test_loss": loss,
+        "test_perplexity": math.exp(min(loss, 700.0)),
+        "test_bits_per_byte": stream_bits_per_byte(test, nats, predicted),
+        "test_tokens": predicted,
+    }
 
 
 def _emulated(method: str, device: str) -> str | None:
@@ -191,9 +196,7 @@ def _measure(
     reset_peak_memory(device)
     candidate = quantized(model, method)
     files = write_model_files(candidate, tokenizer, folder, method)
-    windows = EvaluateConfig().batch_size  # the evaluate stage's passes
-    nats, predicted = summed_nats(candidate, test.tokens, windows, settings.max_test_tokens)
-    loss = nats / predicted
+    quality = _quality(candidate, test, settings.max_test_tokens)
     greedy = [sample(candidate, ids, settings.new_tokens, temperature=0.0) for ids in prompt_ids]
     load = MachineLoad()
     generate = generation_speed(candidate, prompt_ids[0], settings.new_tokens, settings.repeats)
@@ -203,10 +206,7 @@ def _measure(
         status=OK,
         size_bytes=files.weights.stat().st_size,
         weight_memory_bytes=weight_bytes(candidate),
-        test_loss=loss,
-        test_perplexity=math.exp(min(loss, 700.0)),
-        test_bits_per_byte=stream_bits_per_byte(test, nats, predicted),
-        test_tokens=predicted,
+        **quality,
         test_split_tokens=len(test) - 1,
         generate_tokens_per_second=generate,
         prefill_tokens_per_second=prefill,
