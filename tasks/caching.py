@@ -71,15 +71,16 @@ def records_folder() -> Path:
     return Path(get_current_settings().results.local_storage_path).expanduser()
 
 
-def stage_task(name: str) -> Callable[[Callable[..., Any]], Any]:
+def stage_task(name: str, records: Path) -> Callable[[Callable[..., Any]], Any]:
     """A pipeline stage as a Prefect task: its result persisted as plain JSON under its `fingerprint`
-    argument in `records_folder()`; Prefect never reads one back (`run_cached` does)."""
+    argument in `records` (`records_folder()` when the flow runs); Prefect never reads one back
+    (`run_cached` does)."""
     return task(
         name=name,
         cache_key_fn=fingerprint_key(name),
         refresh_cache=True,
         persist_result=True,
-        result_storage=records_folder(),
+        result_storage=records,
         result_serializer=StageJSON(),
     )
 

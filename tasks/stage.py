@@ -30,7 +30,7 @@ from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from gptcore.tools.fingerprint import fingerprint, sources_digest
-from tasks.caching import StageOutcome, run_cached, stage_task
+from tasks.caching import StageOutcome, records_folder, run_cached, stage_task
 from tasks.params.schema import PipelineParams
 from tasks.results import StageResult
 
@@ -88,13 +88,13 @@ class Stage(Generic[R]):
             announce(f"{self.name}: skipped: {reason}")
             outcome = StageOutcome(self.name, "skipped", message=reason)
         elif self.cached:
-            task_ = prefect_task(self.name, cached=True)
+            task_ = prefect_task(self.name, records_folder())  # read now: a process may run several flows
             outcome = run_cached(
                 self.name, task_, self.result_type, fingerprint=self.fingerprint(), stage=self
             )
         else:
             started = time.perf_counter()
-            result = prefect_task(self.name, cached=False)(fingerprint=None, stage=self)
+            result = prefect_task(self.name, None)(fingerprint=None, stage=self)
             outcome = StageOutcome(self.name, "completed", result, round(time.perf_counter() - started, 3))
         return self.record(outcome, tracking)
 
@@ -104,11 +104,11 @@ def _compute(fingerprint: str | None, stage: Stage[Any]) -> StageResult:
 
 
 @cache
-def prefect_task(name: str, cached: bool) -> Task[..., StageResult]:
+def prefect_task(name: str, records: Path | None) -> Task[..., StageResult]:
     """The Prefect task a stage runs in, named for it: a cached stage's result recorded under its
-    fingerprint (`tasks.caching.stage_task`), an uncached one's not kept."""
-    if cached:
-        return stage_task(name)(_compute)
+    fingerprint in `records` (`tasks.caching.stage_task`), an uncached one's (`records` None) not kept."""
+    if records is not None:
+        return stage_task(name, records)(_compute)
     return task(name=name, cache_policy=NO_CACHE, persist_result=False)(_compute)
 
 

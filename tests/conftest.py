@@ -102,20 +102,26 @@ def own_root() -> RootState:
     return root, before, tempfile.tempdir
 
 
+# A slow test's seconds when no `seconds` is marked: most take 5-30 on an idle 2-core machine.
+SLOW_SECONDS = 10
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules that mostly wait on a clock first (`waits`: a lease running out costs a minute of nobody's
     CPU, so it overlaps the others' work when it starts early, and is all tail when it starts late),
-    then those with the most slow tests: `make test` hands whole modules to its workers (pytest-xdist,
-    --dist loadfile: a module-scoped fixture, a trained model or a server, is built once), and a long
-    module started last would run on alone."""
-    slow: dict[str, int] = {}
+    then the rest by their slow tests' seconds (`@pytest.mark.slow(seconds=N)` where a test takes well
+    over SLOW_SECONDS): `make test` hands whole modules to its workers (pytest-xdist, --dist loadfile: a
+    module-scoped fixture, a trained model or a server, is built once), and a long module started last
+    would run on alone while the other workers idle."""
+    seconds: dict[str, float] = {}
     waits: set[str] = set()
     for item in items:
         module = item.module.__name__
-        slow[module] = slow.get(module, 0) + bool(item.get_closest_marker("slow"))
+        slow = item.get_closest_marker("slow")
+        seconds[module] = seconds.get(module, 0) + (slow.kwargs.get("seconds", SLOW_SECONDS) if slow else 0)
         if item.get_closest_marker("waits"):
             waits.add(module)
-    items.sort(key=lambda item: (item.module.__name__ not in waits, -slow[item.module.__name__]))
+    items.sort(key=lambda item: (item.module.__name__ not in waits, -seconds[item.module.__name__]))
 
 
 @pytest.fixture(autouse=True)

@@ -114,7 +114,7 @@ def test_limit_scores_the_first_examples_and_an_unknown_task_is_one_line(
 # --- in the pipeline: evaluate.benchmarks ----------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=25)
 @needs_lm_eval
 def test_the_evaluate_stage_scores_the_listed_benchmarks_logs_and_tags_them_and_caches_on_their_files(
     tmp_path: Path,

@@ -40,7 +40,7 @@ def test_the_attention_kernel_is_the_dispatchers_answer() -> None:
     assert startup.of("start")[0]["attention_backend"] == attention_backend(TINY, "cpu", torch.float32)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=40)
 def test_a_compiled_run_trains_as_eager_does_and_resumes_bit_for_bit(tmp_path: Path) -> None:
     eager, compiled = Recorder(), Recorder()
     train(job(tmp_path / "eager", training={"max_steps": 8, "checkpoint_every": 4}), eager)

@@ -1,4 +1,5 @@
-"""The end-to-end pipeline on a tiny corpus and a tiny model, each run a real `gptpipe run` subprocess.
+"""The end-to-end pipeline on a tiny corpus and a tiny model: `gptpipe run` as a person runs it (a process
+of its own, at a terminal or not), and in the test's process where the run's records are under test.
 
 The session's Prefect server serves every run (PREFECT_API_URL); each test has its own Prefect home,
 result storage and MLflow store in a temporary folder, so the tests never touch the project's
@@ -16,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import in_process
 import pytest
 import yaml
 
@@ -88,8 +90,17 @@ def write_corpus(root: Path, documents: int = 30, seed: int = 0) -> None:
         (folder / f"doc{index:02d}.txt").write_text("\n".join(lines) + "\n")
 
 
-def gptpipe(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([*GPTPIPE, "run", *args], env=env, cwd=REPO, capture_output=True, text=True)
+def gptpipe(
+    env: dict[str, str], *args: str, check: bool = True, process: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`gptpipe run ARGS` with `env`: in this process (tests/in_process.py), or with `process` a process
+    of its own, where what is under test is what a person's terminal gets (the warnings and log lines
+    a run lets through, which pytest would take in-process) or the process itself."""
+    if not process:
+        result = in_process.gptpipe(env, "run", *args)
+    else:
+        command = [*GPTPIPE, "run", *args]
+        result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -153,13 +164,13 @@ def datasets_of(env: dict[str, str], stage: str) -> set[tuple[str, str]]:
 # --- the pipeline, run for real ---------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_env: dict[str, str]) -> None:
     write_corpus(tmp_path)
     params = str(write_params(tmp_path))
 
     as_a_person_runs_it = {k: v for k, v in prefect_env.items() if k != "MLFLOW_LOGGING_LEVEL"}
-    first = gptpipe(as_a_person_runs_it, "--params", params)
+    first = gptpipe(as_a_person_runs_it, "--params", params, process=True)
     assert states(first) == dict.fromkeys(STAGES, "completed")
     for noise in (
         "INFO mlflow",
@@ -289,7 +300,7 @@ def test_a_cached_result_gptpipe_did_not_write_as_json_is_ignored_unread(
     planted = {**written, "metadata": {**written["metadata"], "serializer": {"type": "pickle"}}}
     planted["result"] = base64.encodebytes(pickle.dumps(RunsCode(marker))).decode()
     record.write_text(json.dumps(planted))
-    again = gptpipe(prefect_env, "--params", params, "--until", "tokenizer")
+    again = gptpipe(prefect_env, "--params", params, "--until", "tokenizer", process=True)  # its stderr
     assert not marker.exists()
     assert states(again)["tokenizer"] == "completed", "it ran again instead of trusting the record"
     assert "not gptpipe's plain JSON record; ignored, the stage runs again" in again.stderr
@@ -303,7 +314,7 @@ def test_a_smoke_that_diverges_on_validation_stops_the_pipeline_before_full_trai
     write_corpus(tmp_path, seed=3)
     params = str(write_params(tmp_path))
     absurd = ["--set", "smoke.optimizer.learning_rate=0.5", "--set", "smoke.optimizer.warmup_steps=1"]
-    result = gptpipe(prefect_env, "--params", params, *absurd, check=False)
+    result = gptpipe(prefect_env, "--params", params, *absurd, check=False, process=True)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr

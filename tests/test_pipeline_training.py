@@ -76,7 +76,7 @@ def test_full_training_on_two_processes_records_into_the_stage_run(
 ) -> None:
     write_corpus(tmp_path, seed=4)
     two = ["--set", "runtime.nproc=2", "--until", "full"]
-    result = gptpipe(prefect_env, "--params", str(write_params(tmp_path)), *two)
+    result = gptpipe(prefect_env, "--params", str(write_params(tmp_path)), *two, process=True)  # a launcher
     full = stages_of(result)["full"]
     assert full["state"] == "completed" and full["figures"]["steps"] == 12
     record = json.loads(next((tmp_path / "checkpoints").glob("*-full-*/final.json")).read_text())

@@ -198,12 +198,12 @@ def test_an_emulated_method_is_measured_briefly_against_fp32_on_the_same_tokens(
     emulated = PrecisionSpeeds("cpu", (PrecisionSpeed("bf16", "cpu", 0.05, 1.2, False),))
     monkeypatch.setattr(quant_tradeoff, "measure_precision_speeds", lambda device: emulated)
     timed: list[int] = []
-    speed = quant_tradeoff.generation_speed
+    speed = quant_tradeoff.greedy_and_speed
     monkeypatch.setattr(
         quant_tradeoff,
-        "generation_speed",
-        lambda model, ids, new_tokens, repeats: (
-            timed.append(repeats) or speed(model, ids, new_tokens, repeats)
+        "greedy_and_speed",
+        lambda model, prompts, new_tokens, repeats: (
+            timed.append(repeats) or speed(model, prompts, new_tokens, repeats)
         ),
     )
     tokenizer, test = text

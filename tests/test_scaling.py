@@ -230,7 +230,7 @@ SCALE_CEILING = 900  # against a hang only
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=110)
 @pytest.mark.timeout(SCALE_CEILING + 60)
 def test_a_study_fits_the_grid_records_the_law_and_writes_the_planned_run(
     tmp_path: Path, prefect_env: dict[str, str]

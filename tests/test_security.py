@@ -130,13 +130,13 @@ CACHED_STAGE = """
 import base64, builtins, io, json, os, pickle, sys
 from pathlib import Path
 from prefect import flow
-from tasks.caching import run_cached, stage_task
+from tasks.caching import records_folder, run_cached, stage_task
 from tasks.results import StageResult
 
 work = Path(sys.argv[1])
 
 
-@stage_task("probe")
+@stage_task("probe", records_folder())
 def probe(fingerprint: str) -> StageResult:
     with (work / "computed").open("a") as log:
         log.write("computed\\n")

@@ -147,7 +147,7 @@ def waiting_trials(lines: list[str]) -> set[str]:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=45)
 @pytest.mark.timeout(SWEEP_CEILING + 60)
 def test_a_sweep_builds_the_data_once_and_trains_one_trial_at_a_time_on_one_device(
     tmp_path: Path, prefect_env: dict[str, str]

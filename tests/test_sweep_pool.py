@@ -17,7 +17,7 @@ from test_sweep import LEARNING_RATES, SWEEP_CEILING, sweep
 
 from tasks.device_slot import device_limit_names
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=40)]
 REPO = Path(__file__).resolve().parent.parent
 PREFECT = str(Path(sys.executable).parent / "prefect")
 

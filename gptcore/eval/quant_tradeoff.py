@@ -147,9 +147,10 @@ def measure_tradeoff(
 
 
 def _briefly(settings: QuantizeConfig) -> QuantizeConfig:
-    """What an emulated method is measured over: quality on `emulated_test_tokens`, speeds timed once.
-    Its speed is this CPU's conversions, not the format's, so repeating it buys nothing, and its
-    compute-bound work runs 15-45x slower than fp32's: the whole prefix would cost minutes."""
+    """What an emulated method is measured over: quality on `emulated_test_tokens`, speeds timed once
+    beyond the decodes its greedy continuations need. Its speed is this CPU's conversions, not the
+    format's, so repeating it buys nothing, and its compute-bound work runs 15-45x slower than fp32's:
+    the whole prefix would cost minutes."""
     prefix = min(settings.max_test_tokens or settings.emulated_test_tokens, settings.emulated_test_tokens)
     return settings.model_copy(update={"max_test_tokens": prefix, "repeats": 1})
 
@@ -197,9 +198,8 @@ def _measure(
     candidate = quantized(model, method)
     files = write_model_files(candidate, tokenizer, folder, method)
     quality = _quality(candidate, test, settings.max_test_tokens)
-    greedy = [sample(candidate, ids, settings.new_tokens, temperature=0.0) for ids in prompt_ids]
     load = MachineLoad()
-    generate = generation_speed(candidate, prompt_ids[0], settings.new_tokens, settings.repeats)
+    greedy, generate = greedy_and_speed(candidate, prompt_ids, settings.new_tokens, settings.repeats)
     prefill = _prefill_speed(candidate, test, settings.repeats)
     row = TradeoffRow(
         method=method,
@@ -216,16 +216,25 @@ def _measure(
     return row, greedy
 
 
-def generation_speed(model: GPT, ids: list[int], new_tokens: int, repeats: int) -> float:
-    """New tokens per second of greedy sampling with the cache, batch 1: the median of `repeats` timed
-    runs after one untimed run of the same length (kernels chosen, allocator grown, graphs compiled)."""
-    sample(model, ids, new_tokens, temperature=0.0)
-    seconds = []
-    for _ in range(repeats):
+def greedy_and_speed(
+    model: GPT, prompt_ids: list[list[int]], new_tokens: int, repeats: int
+) -> tuple[list[list[int]], float]:
+    """Each prompt's greedy continuation (`new_tokens`, with the cache, batch 1), and new tokens per
+    second of that decoding: the median of at least `repeats` timed decodes. The prompts' own decodes
+    are timed after the first (untimed: kernels chosen, allocator grown), then the first prompt's again
+    while fewer than `repeats`: every decode is the same work (prompts of one length, no stop), so the
+    continuations the table compares cost no decoding beyond the timing's."""
+    greedy, seconds = [], []
+    for index, ids in enumerate(prompt_ids):
         started = time.perf_counter()
-        sample(model, ids, new_tokens, temperature=0.0)
+        greedy.append(sample(model, ids, new_tokens, temperature=0.0))
+        if index > 0:
+            seconds.append(time.perf_counter() - started)
+    while len(seconds) < repeats:
+        started = time.perf_counter()
+        sample(model, prompt_ids[0], new_tokens, temperature=0.0)
         seconds.append(time.perf_counter() - started)
-    return new_tokens / statistics.median(seconds)
+    return greedy, new_tokens / statistics.median(seconds)
 
 
 @torch.no_grad()
