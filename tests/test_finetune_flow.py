@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import commands_env
-from tests.test_pipeline import GPTPIPE, REPO, write_corpus, write_params
+from tests.test_pipeline import GPTPIPE, REPO, gptpipe, write_corpus, write_params
 from tests.test_pipeline_recipes import modern_params
 
 pytestmark = pytest.mark.slow
@@ -53,14 +53,8 @@ paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"
     return path
 
 
-# The pretraining and fine-tuning runs go in-process (tests/in_process.py): what is under test is what they
-# register and report, not a process's start or exit; the exports below are processes, as a person runs them.
-def gptpipe(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    result = in_process.gptpipe(env, "run", *args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
+# The pretraining (test_pipeline.gptpipe) and fine-tuning runs go in-process (tests/in_process.py): what is
+# under test is what they register and report; the exports below are processes, as a person runs them.
 def finetune(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return in_process.gptpipe(env, "finetune", *args)
 

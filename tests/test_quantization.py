@@ -190,7 +190,7 @@ def test_an_emulated_method_is_measured_briefly_against_fp32_on_the_same_tokens(
     text, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its quality on `emulated_test_tokens` (fp32's on the whole prefix, as configured), its change
-    against fp32's loss on those same tokens, its speeds timed once."""
+    against fp32's loss on those same tokens, its speeds timed briefly (`repeats` 1)."""
     from gptcore.eval import quant_tradeoff
     from gptcore.eval.held_out import summed_nats
     from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds

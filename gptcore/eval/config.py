@@ -96,5 +96,5 @@ class QuantizeConfig(Strict):
         ge=1,
         description="a method this CPU only emulates (a 16-bit type without its instructions, 15-45x slower "
         "than fp32 in compute-bound work): its quality on the test stream's first N tokens, set against "
-        "fp32's on the same tokens, and its speeds timed once, said as this CPU's conversions",
+        "fp32's on the same tokens, and its speeds timed briefly, said as this CPU's conversions",
     )

@@ -7,13 +7,15 @@ Every row is measured the same way, in this process, one method after another:
 - greedy-token agreement with fp32: the fraction of positions where the method's greedy continuation of
   each fixed prompt (the evaluate stage's, from the test documents' starts) chooses fp32's token;
 - speed: greedy generation, batch 1, `new_tokens` new tokens with the key/value cache, warm, median of
-  `repeats`; prefill tokens per second over one full window;
+  at least `repeats` (the greedy continuations' own decodes); prefill tokens per second over one full
+  window;
 - memory: the weights' bytes in memory, and the process's peak resident set while the row was measured.
 
 A method this build or device cannot run is a row `skipped: <reason>`, never a failure of the whole. A
 method this CPU only emulates (bf16 without AVX512-BF16 or AMX: every multiply converted to fp32 and back)
 is measured briefly and says so: quality on the test split's first `emulated_test_tokens`, against fp32's
-on the same tokens, and each speed timed once, since those speeds are the conversions', not the format's.
+on the same tokens, and its speeds timed briefly (the greedy continuations' decodes, one prefill), since
+those speeds are the conversions', not the format's.
 """
 
 from __future__ import annotations
@@ -147,8 +149,8 @@ def measure_tradeoff(
 
 
 def _briefly(settings: QuantizeConfig) -> QuantizeConfig:
-    """What an emulated method is measured over: quality on `emulated_test_tokens`, speeds timed once
-    beyond the decodes its greedy continuations need. Its speed is this CPU's conversions, not the
+    """What an emulated method is measured over: quality on `emulated_test_tokens`, speeds timed briefly
+    (the decodes its greedy continuations need, one prefill). Its speed is this CPU's conversions, not the
     format's, so repeating it buys nothing, and its compute-bound work runs 15-45x slower than fp32's:
     the whole prefix would cost minutes."""
     prefix = min(settings.max_test_tokens or settings.emulated_test_tokens, settings.emulated_test_tokens)
@@ -313,7 +315,7 @@ def tradeoff_markdown(rows: list[TradeoffRow], machine: dict[str, Any]) -> str:
         if row.measured and reference is not None and row.test_tokens != reference.test_tokens:
             lines += [
                 f"{row.method}: quality on the test split's first {row.test_tokens:,} tokens, its changes "
-                "against fp32 on the same tokens (quantize.emulated_test_tokens); speeds timed once.",
+                "against fp32 on the same tokens (quantize.emulated_test_tokens); speeds timed briefly.",
                 "",
             ]
     return "\n".join([table(header, cells), "", *lines, f"Measured on: {described}."])
