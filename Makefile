@@ -38,24 +38,22 @@ $(FLOOR_STAMP): $(STAMP)
 		else $(PIP) install -q --upgrade --no-deps --target $(FLOOR) $(TRANSFORMERS_FLOOR); fi
 	@touch $(FLOOR_STAMP)
 
-# Bytecode of every installed module, once per setup, and of the project's own before each run of the
-# suite: its ~150 Python processes each import torch, Prefect and MLflow, and where PYTHONDONTWRITEBYTECODE
-# is set (as in many CI images) nothing else writes it, so each process would compile its imports from
-# source again (measured: half of a `gptpipe` process's start). `make run`, one process, compiles lazily.
-COMPILED := $(VENV)/.compiled
-$(COMPILED): $(STAMP) $(FLOOR_STAMP)
-	@$(PY) -m compileall -q -j 0 $(VENV) >/dev/null || true  # a few packages ship deliberately bad files
-	@touch $(COMPILED)
+# Python writes each module's bytecode the first time a process imports it, even where
+# PYTHONDONTWRITEBYTECODE is set (as in many CI images): otherwise every process of the suite (about 200,
+# each importing torch, Prefect and MLflow) and every `make run` would compile its imports from source
+# again (measured: half of a `gptpipe` process's start). Written as it is first needed, not ahead for the
+# whole venv (`compileall` of it took 40 s of a fresh clone's `make test`, most of it for modules nothing
+# imports); writes are atomic, so processes that import a module at once are safe.
+WITH_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 
 run: setup
-	$(VENV)/bin/gptpipe run
+	$(WITH_BYTECODE) $(VENV)/bin/gptpipe run
 
 # Worker processes (pytest-xdist), each taking whole modules: the tests wait on servers and subprocesses
 # much of the time, so one more worker than this machine's 2 cores keeps both busy.
 TEST_WORKERS ?= 3
-test: setup $(COMPILED)
-	@$(PY) -m compileall -q -j 0 flows tasks gptcore tests bench >/dev/null
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+test: setup $(FLOOR_STAMP)
+	$(WITH_BYTECODE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import commands_env
-from tests.test_pipeline import GPTPIPE, REPO, gptpipe, write_corpus, write_params
+from tests.test_pipeline import gptpipe, write_corpus, write_params
 from tests.test_pipeline_recipes import modern_params
 
 pytestmark = pytest.mark.slow
@@ -53,8 +53,8 @@ paths: {{data_root: "{root / "data"}", checkpoint_root: "{root / "checkpoints"}"
     return path
 
 
-# The pretraining (test_pipeline.gptpipe) and fine-tuning runs go in-process (tests/in_process.py): what is
-# under test is what they register and report; the exports below are processes, as a person runs them.
+# The pretraining (test_pipeline.gptpipe), fine-tuning and export commands go in-process
+# (tests/in_process.py): what is under test is what they register, report and write.
 def finetune(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return in_process.gptpipe(env, "finetune", *args)
 
@@ -271,10 +271,8 @@ def test_the_registered_fine_tune_exports_its_adapter_in_peft_format_and_the_bas
     uri = "models:/gptpipe-iteration-1-notes-modern@champion"
     folders = {part: tmp_path / part for part in ("hf", "peft", "hf-base")}
     for part, folder in folders.items():
-        done = subprocess.run(
-            [*GPTPIPE, "export", "--model", uri, "--format", part, "--output", str(folder)],
-            env=workspace.env, cwd=REPO, capture_output=True, text=True,
-        )  # fmt: skip
+        export = ("export", "--model", uri, "--format", part, "--output", str(folder))
+        done = in_process.gptpipe(workspace.env, *export)
         assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((folders["peft"] / "adapter_config.json").read_text())["target_modules"] == [
         "mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj"
@@ -285,10 +283,9 @@ def test_the_registered_fine_tune_exports_its_adapter_in_peft_format_and_the_bas
     ids = torch.randint(0, merged.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (merged(ids).logits - tuned.eval()(ids).logits).abs().max().item() < 1e-4
-    refused = subprocess.run(
-        [*GPTPIPE, "export", "--model", "models:/tiny-modern@champion", "--format", "peft",
-         "--output", str(tmp_path / "none")],
-        env=workspace.env, cwd=REPO, capture_output=True, text=True,
+    refused = in_process.gptpipe(
+        workspace.env, "export", "--model", "models:/tiny-modern@champion", "--format", "peft",
+        "--output", str(tmp_path / "none"),
     )  # fmt: skip
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert refused.stderr.strip().splitlines()[-1] == (
