@@ -19,15 +19,22 @@ FLOOR_STAMP := $(FLOOR)/.installed
 
 setup: $(STAMP)
 
-# uv installs the same wheels several times faster than pip (it downloads and unpacks in parallel);
-# where uv cannot be had, pip does it all. torch goes through pip either way: pip is the client that
-# finds a wheel of it already on this machine's disk (uv would download it again).
+# uv installs the same wheels several times faster than pip (it downloads and unpacks in parallel, and
+# leaves the bytecode to be written as it is first imported); where uv cannot be had, pip does it all.
+# torch's CPU wheel, where pip's find-links (PIP_FIND_LINKS or its configuration) hold it on this
+# machine's disk, is installed from there by uv alone (--no-index: never the index's multi-GB CUDA
+# build; 4 s here against pip's 25); its dependencies come with the project's. Else pip installs it.
+TORCH_VERSION := $(TORCH_SPEC:torch==%=%)
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@test -x $(UV) || $(PIP) install -q uv || echo "uv could not be installed: installing with pip (slower)"
 	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c 'import torch' 2>/dev/null; then \
 		echo "installing the CPU build of torch ($(TORCH_SPEC))"; \
-		$(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
+		links=$$(for dir in $${PIP_FIND_LINKS:-$$($(PIP) config get global.find-links 2>/dev/null)}; do \
+			ls "$$dir"/torch-$(TORCH_VERSION)+cpu-*.whl >/dev/null 2>&1 && echo "--find-links $$dir"; done); \
+		if test -x $(UV) && test -n "$$links" && test -z "$(TORCH_PIP_ARGS)"; then \
+			$(UV) pip install -q --python $(PY) --no-index --no-deps $$links '$(TORCH_SPEC)'; \
+		else $(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; fi; \
 	fi
 	@if test -x $(UV); then $(UV) pip install -q --python $(PY) -e '.[$(EXTRAS)]'; \
 		else $(PIP) install -q -e '.[$(EXTRAS)]'; fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,8 @@ def test_the_compare_flow_trains_both_sides_and_logs_the_table(
     assert len({row["test_tokens"] for row in measured}) == 1 and rows[1]["size_ratio"] < 0.6
     skipped = [row["status"] for row in rows if row["status"] != "ok"]
     assert all("no group size of 128, 64, 32 divides" in status for status in skipped), skipped
-    assert "The fp32 side's model in each precision" in out and "| int8-dynamic |" in out
+    assert "The fp32 side's model in each precision" in out
+    assert re.search(r"\| int8-dynamic( \(emulated\))? \|", out)  # emulated on a CPU without VNNI or AMX
 
 
 def logged_run(session: TrackingSession, params: dict[str, Any], tokens_per_second: float) -> str:

@@ -223,6 +223,41 @@ def test_an_emulated_method_is_measured_briefly_against_fp32_on_the_same_tokens(
 
 
 @needs_torchao
+@pytest.mark.parametrize("native", [False, True])
+def test_int8_dynamic_is_measured_briefly_where_the_cpu_has_no_int8_dot_products(
+    text, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Without VNNI or AMX its int8 matmuls take a fallback path (13x slower than fp32 on an AVX2 EPYC):
+    emulated, like bf16 without AVX512-BF16, so measured on `emulated_test_tokens` and said so."""
+    from gptcore.eval import quant_tradeoff
+
+    flags = "avx2 avx512f avx512_vnni" if native else "avx2"  # as cpu_features() names those present
+    monkeypatch.setattr(quant_tradeoff, "cpu_features", lambda: {"cpu_flags": flags})
+    tokenizer, test = text
+    settings = QuantizeConfig(
+        methods=["int8-dynamic"], max_test_tokens=64, emulated_test_tokens=16, new_tokens=4
+    )
+    fp32, int8 = quant_tradeoff.measure_tradeoff(
+        small_model(), settings.methods, open_tokens(test), tokenizer, settings, EvaluateConfig(), tmp_path
+    )
+    table = quant_tradeoff.tradeoff_markdown([fp32, int8], {})
+    if native:
+        assert int8.emulated is None and (fp32.test_tokens, int8.test_tokens) == (64, 64)
+        assert "| int8-dynamic |" in table
+        return
+    assert int8.emulated == (
+        "int8-dynamic on cpu: int8 matmuls (emulated: this CPU has no avx512_vnni or avx_vnni or amx_int8)"
+    )
+    assert (fp32.test_tokens, int8.test_tokens) == (64, 16) and int8.test_loss_delta is not None
+    assert "| int8-dynamic (emulated) |" in table
+    assert f"{int8.emulated}: its speed columns are this CPU's stand-in, not the format's." in table
+    assert quant_tradeoff._emulated("int8-dynamic", "cuda") is None
+    assert quant_tradeoff._emulated("int8-weight-only", "cpu") is None, "its matmuls are fp32's"
+    monkeypatch.setattr(quant_tradeoff, "cpu_features", lambda: {"cpu_flags": "none of avx2 avx512f"})
+    assert quant_tradeoff._emulated("int8-dynamic", "cpu") is None, "flags unknown here: nothing claimed"
+
+
+@needs_torchao
 def test_int4_packs_every_block_layer_in_groups_that_divide_it(tmp_path: Path) -> None:
     from gptcore.model.quantization import int4_group_size
 
