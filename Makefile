@@ -24,7 +24,7 @@ setup: $(STAMP)
 # torch's CPU wheel, where pip's find-links (PIP_FIND_LINKS or its configuration) hold it on this
 # machine's disk, is installed from there by uv alone (--no-index: never the index's multi-GB CUDA
 # build; 4 s here against pip's 25); its dependencies come with the project's. Else pip installs it.
-TORCH_VERSION := $(TORCH_SPEC:torch==%=%)
+TORCH_VERSION := $(patsubst torch==%,%,$(TORCH_SPEC))
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@test -x $(UV) || $(PIP) install -q uv || echo "uv could not be installed: installing with pip (slower)"
