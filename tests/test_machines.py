@@ -20,7 +20,7 @@ import pytest
 from process_support import migrated_prefect_home
 from slot_support import Holder
 
-from tasks.device_slot import LEASE_SECONDS
+from tasks.device_slot import LEASE_SECONDS, LOCKS_VARIABLE
 
 REPO = Path(__file__).resolve().parent.parent
 PORT = 4200  # inside the server's own namespace: nothing else listens there
@@ -63,8 +63,10 @@ class Machine:
         """A device-slot holder running on this machine (its own TMPDIR `tmp`)."""
         folder = self.root / tmp
         folder.mkdir(parents=True, exist_ok=True)
-        env = {
-            name: value for name, value in os.environ.items() if not name.startswith(("PREFECT_", "GPTPIPE_"))
+        env = {  # the suite's own folder of machine locks kept: nothing left in /tmp
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith(("PREFECT_", "GPTPIPE_")) or name == LOCKS_VARIABLE
         }
         env.update(
             PREFECT_API_URL=self.api_url, PREFECT_HOME=str(folder / "prefect"), TMPDIR=str(folder),
