@@ -23,7 +23,8 @@ setup: $(STAMP)
 # leaves the bytecode to be written as it is first imported); where uv cannot be had, pip does it all.
 # torch's CPU wheel, where pip's find-links (PIP_FIND_LINKS or its configuration) hold it on this
 # machine's disk, is installed from there by uv alone (--no-index: never the index's multi-GB CUDA
-# build; 4 s here against pip's 25); its dependencies come with the project's. Else pip installs it.
+# build; 4 s here against pip's 25); its dependencies come with the project's. Else, or where that wheel
+# does not fit this Python (uv refuses it), pip installs it.
 TORCH_VERSION := $(patsubst torch==%,%,$(TORCH_SPEC))
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -32,9 +33,9 @@ $(STAMP): pyproject.toml Makefile
 		echo "installing the CPU build of torch ($(TORCH_SPEC))"; \
 		links=$$(for dir in $${PIP_FIND_LINKS:-$$($(PIP) config get global.find-links 2>/dev/null)}; do \
 			ls "$$dir"/torch-$(TORCH_VERSION)+cpu-*.whl >/dev/null 2>&1 && echo "--find-links $$dir"; done); \
-		if test -x $(UV) && test -n "$$links" && test -z "$(TORCH_PIP_ARGS)"; then \
-			$(UV) pip install -q --python $(PY) --no-index --no-deps $$links '$(TORCH_SPEC)'; \
-		else $(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; fi; \
+		test -x $(UV) && test -n "$$links" && test -z "$(TORCH_PIP_ARGS)" \
+			&& $(UV) pip install -q --python $(PY) --no-index --no-deps $$links '$(TORCH_SPEC)' \
+			|| $(PIP) install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'; \
 	fi
 	@if test -x $(UV); then $(UV) pip install -q --python $(PY) -e '.[$(EXTRAS)]'; \
 		else $(PIP) install -q -e '.[$(EXTRAS)]'; fi
