@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from process_support import migrated_prefect_home
+from process_support import fork_server, migrated_prefect_home
 from tracking_support import fresh_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,6 +122,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("waits"):
             waits.add(module)
     items.sort(key=lambda item: (item.module.__name__ not in waits, -seconds[item.module.__name__]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forking() -> Iterator[None]:
+    """The worker's fork server, for the tests that start `gptpipe` as FORKED_GPTPIPE."""
+    with fork_server(Path(tempfile.mkdtemp(prefix="fork-"))):
+        yield
 
 
 @pytest.fixture(autouse=True)

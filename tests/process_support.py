@@ -117,6 +117,34 @@ class Lines:
         return "".join(self.seen)
 
 
+# `gptpipe ARGS` as a process of its own, forked from the suite's fork server (tests/fork_server.py): where
+# what is under test is what the command's process does, not how it starts.
+FORKED_GPTPIPE = [sys.executable, "-S", str(Path(__file__).with_name("forked_gptpipe.py"))]
+
+
+@contextmanager
+def fork_server(folder: Path) -> Iterator[None]:
+    """The fork server for FORKED_GPTPIPE, found by it through GPTPIPE_FORK_SERVER while the block runs;
+    it takes requests at once and answers them once its imports are done."""
+    path = folder / "fork-server.sock"
+    log = folder / "fork-server.log"
+    with log.open("wb") as errors:
+        server = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("fork_server.py")), str(path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+        )  # fmt: skip
+    assert server.stdout is not None
+    try:
+        if server.stdout.readline() != b"listening\n":  # bound before its imports: a moment
+            raise RuntimeError(f"the fork server did not start: {log.read_text()[-2000:]}")
+        os.environ["GPTPIPE_FORK_SERVER"] = str(path)
+        yield
+    finally:
+        os.environ.pop("GPTPIPE_FORK_SERVER", None)
+        server.terminate()
+        server.wait(timeout=60)
+
+
 RANK_CEILING = 240  # against a hang only: a collective waits this long for a silent peer
 
 

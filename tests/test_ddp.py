@@ -11,12 +11,11 @@ import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
-from process_support import RANK_CEILING, rendezvous_store
+from process_support import FORKED_GPTPIPE, RANK_CEILING, rendezvous_store
 
 from flows.cli.main import main
 from gptcore.tools.faults import KILL_ENV
@@ -99,7 +98,7 @@ def environment() -> dict[str, str]:
 
 def gptpipe(args: list[str], **extra: str) -> subprocess.Popen:
     """`gptpipe ARGS` started, `extra` added to its environment."""
-    command = [sys.executable, "-m", "flows.cli.main", *args]
+    command = [*FORKED_GPTPIPE, *args]
     return subprocess.Popen(
         command,
         cwd=ROOT,

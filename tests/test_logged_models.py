@@ -113,15 +113,15 @@ def test_gptpipe_serve_answers_a_logged_model_by_its_uri_and_stops_on_sigterm(tr
     import os
     import signal
     import subprocess
-    import sys
 
     import httpx
+    from process_support import FORKED_GPTPIPE
 
     session, callback, _ = trained
     env = {**os.environ, "MLFLOW_TRACKING_URI": session.target.uri}
     model = f"models:/{callback.models['final']}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli.main", "serve", "--model", model, "--port", "0"],  # any free one
+        [*FORKED_GPTPIPE, "serve", "--model", model, "--port", "0"],  # any free one
         env=env,
         cwd=Path(__file__).resolve().parent.parent,
         stdout=subprocess.PIPE,

@@ -1,5 +1,6 @@
 """The end-to-end pipeline on a tiny corpus and a tiny model: `gptpipe run` as a person runs it (a process
-of its own, at a terminal or not), and in the test's process where the run's records are under test.
+started afresh, at a terminal or not), as a process of its own forked from the suite's fork server where
+what the process does is under test, and in the test's process where the run's records are.
 
 The session's Prefect server serves every run (PREFECT_API_URL); each test has its own Prefect home,
 result storage and MLflow store in a temporary folder, so the tests never touch the project's
@@ -20,6 +21,7 @@ from typing import Any
 import in_process
 import pytest
 import yaml
+from process_support import FORKED_GPTPIPE
 
 from gptcore.errors import TrainingError
 from tasks.params.loading import load_params
@@ -28,7 +30,9 @@ from tasks.results import StageResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge
 
 REPO = Path(__file__).resolve().parent.parent
-GPTPIPE = [sys.executable, "-c", "import sys; from flows.cli.main import main; sys.exit(main(sys.argv[1:]))"]
+# `gptpipe` started afresh, as a person's is: its imports' warnings on its stderr too, its tree its own.
+STARTED_GPTPIPE = [sys.executable, "-c", "from flows.cli.main import entry; entry()"]
+GPTPIPE = FORKED_GPTPIPE  # a process of its own for the command; its imports done by the fork server
 WORDS = [
     "the",
     "quick",
@@ -91,15 +95,16 @@ def write_corpus(root: Path, documents: int = 30, seed: int = 0) -> None:
 
 
 def gptpipe(
-    env: dict[str, str], *args: str, check: bool = True, process: bool = False
+    env: dict[str, str], *args: str, check: bool = True, process: bool = False, afresh: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """`gptpipe run ARGS` with `env`: in this process (tests/in_process.py), or with `process` a process
-    of its own, where what is under test is what a person's terminal gets (the warnings and log lines
-    a run lets through, which pytest would take in-process) or the process itself."""
-    if not process:
+    of its own (forked), where what is under test is the process itself or what it writes (the warnings
+    and log lines a run lets through, which pytest would take in-process), or with `afresh` a process
+    started as a person's is (its imports' warnings too)."""
+    if not (process or afresh):
         result = in_process.gptpipe(env, "run", *args)
     else:
-        command = [*GPTPIPE, "run", *args]
+        command = [*(STARTED_GPTPIPE if afresh else GPTPIPE), "run", *args]
         result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -113,7 +118,7 @@ def at_a_terminal(env: dict[str, str], *args: str) -> tuple[str, str]:
     import pty
 
     leader, follower = pty.openpty()
-    command = [*GPTPIPE, "run", *args]
+    command = [*STARTED_GPTPIPE, "run", *args]
     with (
         tempfile.TemporaryFile() as stderr,
         subprocess.Popen(command, env=env, cwd=REPO, stdout=follower, stderr=stderr) as process,
@@ -170,7 +175,7 @@ def test_runs_then_caches_then_reruns_only_what_changed(tmp_path: Path, prefect_
     params = str(write_params(tmp_path))
 
     as_a_person_runs_it = {k: v for k, v in prefect_env.items() if k != "MLFLOW_LOGGING_LEVEL"}
-    first = gptpipe(as_a_person_runs_it, "--params", params, process=True)
+    first = gptpipe(as_a_person_runs_it, "--params", params, afresh=True)
     assert states(first) == dict.fromkeys(STAGES, "completed")
     for noise in (
         "INFO mlflow",

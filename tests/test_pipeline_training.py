@@ -10,7 +10,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_pipeline import GPTPIPE, REPO, gptpipe, newest_run, stages_of, states, write_corpus, write_params
+from test_pipeline import (
+    REPO,
+    STARTED_GPTPIPE,
+    gptpipe,
+    newest_run,
+    stages_of,
+    states,
+    write_corpus,
+    write_params,
+)
 from waiting import until
 
 from gptcore.checkpoint.files import latest_checkpoint
@@ -47,7 +56,7 @@ def test_killed_full_training_resumes_from_its_latest_checkpoint(
     write_corpus(tmp_path, seed=2)
     params = str(write_params(tmp_path, full_steps=400, checkpoint_every=20))
     process = subprocess.Popen(
-        [*GPTPIPE, "run", "--params", params],
+        [*STARTED_GPTPIPE, "run", "--params", params],  # killed: the process itself, at once
         env=prefect_env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,

@@ -164,7 +164,7 @@ def test_a_killed_gptpipe_run_takes_its_temporary_prefect_server_along(tmp_path:
 
 @pytest.mark.slow
 def test_gptpipe_run_stopped_by_sigterm_mid_training_leaves_no_process_behind(tmp_path: Path) -> None:
-    from tests.test_pipeline import GPTPIPE, write_corpus, write_params
+    from tests.test_pipeline import STARTED_GPTPIPE, write_corpus, write_params
 
     write_corpus(tmp_path)
     params = write_params(tmp_path, full_steps=400, checkpoint_every=20)
@@ -175,7 +175,7 @@ def test_gptpipe_run_stopped_by_sigterm_mid_training_leaves_no_process_behind(tm
     )
     log = tmp_path / "run.log"  # a file, not a pipe nobody reads while the run fills it
     process = subprocess.Popen(
-        [*GPTPIPE, "run", "--params", str(params)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+        [*STARTED_GPTPIPE, "run", "--params", str(params)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
         stderr=log.open("w"), start_new_session=True,
     )  # fmt: skip
     try:

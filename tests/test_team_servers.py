@@ -22,7 +22,7 @@ import psutil
 import pytest
 import yaml
 from fault_support import TINY_PARAMS
-from process_support import reserved_port
+from process_support import FORKED_GPTPIPE, reserved_port
 from test_pipeline import gptpipe, states, write_corpus, write_params
 from waiting import until
 
@@ -31,7 +31,7 @@ from gptcore.errors import ConfigError
 from tasks.params.schema import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
-GPTPIPE = [sys.executable, "-m", "flows.cli.main"]
+GPTPIPE = [sys.executable, "-m", "flows.cli.main"]  # the servers: their process tree is under test
 CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_AUTH_STRING")
 
 
@@ -152,7 +152,8 @@ def tiny_params(folder: Path) -> Path:
 
 
 def train(env: dict[str, str], folder: Path) -> subprocess.CompletedProcess[str]:
-    command = [*GPTPIPE, "train", "--params", str(tiny_params(folder)), "--synthetic", "--device", "cpu"]
+    command = [*FORKED_GPTPIPE, "train", "--params", str(tiny_params(folder)), "--synthetic"]
+    command += ["--device", "cpu"]
     command += [
         "--max-steps",
         "6",
@@ -240,7 +241,8 @@ def test_prefect_without_its_auth_string_is_refused_in_one_line(servers: Servers
         (client(servers, PREFECT_API_AUTH_STRING="admin:wrong"), "refused PREFECT_API_AUTH_STRING"),
     ):
         result = subprocess.run(
-            [*GPTPIPE, "run", "--params", str(params)], cwd=tmp_path, env=env, capture_output=True, text=True,
+            [*FORKED_GPTPIPE, "run", "--params", str(params)], cwd=tmp_path, env=env, capture_output=True,
+            text=True,
             timeout=120,
         )  # fmt: skip
         assert result.returncode != 0

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from fault_support import TINY_PARAMS
-from process_support import reserved_port, stop_process_group
+from process_support import FORKED_GPTPIPE, reserved_port, stop_process_group
 from test_mlflow_browser import wait_healthy
 from tracking_support import Waits, fresh_store, three_step_job
 
@@ -126,7 +125,7 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
     params_path.write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [
-        sys.executable, "-m", "flows.cli.main", "train", "--params", str(params_path), "--device", "cpu",
+        *FORKED_GPTPIPE, "train", "--params", str(params_path), "--device", "cpu",
         "--precision", "fp32", "--synthetic", "--checkpoint-directory", str(tmp_path / "ckpt"),
         "--max-steps", "100", "--log-every", "1", "--eval-every", "50",
     ]  # fmt: skip
@@ -151,7 +150,7 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
 
     server.start()  # the same port, the same store
     replay = subprocess.run(
-        [sys.executable, "-m", "flows.cli.main", "tracking", "replay", str(outbox)],
+        [*FORKED_GPTPIPE, "tracking", "replay", str(outbox)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert replay.returncode == 0, replay.stderr

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from process_support import FORKED_GPTPIPE
 
 ROOT = Path(__file__).resolve().parents[2]
 FileMaker = Callable[[Path], None]
@@ -58,7 +59,7 @@ def run_case(case: Case, directory: Path) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli.main", *case.argv],
+        [*FORKED_GPTPIPE, *case.argv],  # the command's own process, its imports done by the fork server
         cwd=directory,
         capture_output=True,
         text=True,

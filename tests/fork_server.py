@@ -1,0 +1,202 @@
+"""`python tests/fork_server.py SOCKET`: `gptpipe` processes started from one that has imported torch,
+Prefect and MLflow already, for the suite's tests of what a command's process does (its exit code, its
+one-line error, its stdout, a cache the next process reads).
+
+A `gptpipe` process spends most of its start importing (~2-5 CPU-seconds on a 2-core AVX2 machine; the
+suite starts about a hundred). Here a test runs `tests/forked_gptpipe.py ARGS` (FORKED_GPTPIPE in
+tests/process_support.py), a small program that hands its argv, folder, environment and standard
+streams to this server and waits; the server forks, and the fork runs the command as `gptpipe` would
+(`flows.cli.main.entry`) in a session of its own, on those streams: a real process with its own pid,
+exit code and files. The stand-in relays SIGINT, SIGTERM and SIGHUP to it and exits as it exited;
+killed itself, it takes the command's session along.
+
+What a fork does not redo is the start: modules imported before its environment was set (what they
+read from the environment at import, the warnings they print then). Tests of that (lazy imports, a
+bare start, a process tree brought down by its group, a terminal) start `gptpipe` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LENGTH = struct.Struct("!I")  # a message's length before it
+# What `gptpipe` commands import as they run (flows.cli.main imports them only then).
+PRELOADED = (
+    "torch",
+    "prefect",
+    "mlflow",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "datasets",
+    "flows.pipeline",
+    "flows.finetune",
+    "flows.sweep",
+    "flows.scale",
+    "flows.cli.train",
+    "flows.cli.models",
+    "flows.cli.tracking",
+    "flows.cli.servers",
+)
+
+
+@dataclass
+class Request:
+    """What the stand-in hands over: the command's argv (after `gptpipe`), its folder and environment,
+    and its stdin, stdout and stderr."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    fds: list[int]
+
+
+def preload() -> None:
+    sys.path.insert(0, str(REPO))
+    from gptcore.runtime.malloc import tune_malloc
+
+    tune_malloc()  # as `gptpipe` does first thing: before torch is imported, or it does not take
+    from flows.cli.main import _register_commands, quiet_libraries
+
+    quiet_libraries(verbose=False)
+    _register_commands()
+    for module in PRELOADED:
+        __import__(module)
+
+
+def receive(connection: socket.socket) -> Request:
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    while len(data) < LENGTH.size or len(data) < LENGTH.size + LENGTH.unpack_from(data)[0]:
+        more = connection.recv(1 << 20)
+        if not more:
+            raise ConnectionError("the stand-in left before its request was whole")
+        data += more
+    fields = json.loads(data[LENGTH.size :])
+    return Request(fields["argv"], fields["cwd"], fields["env"], list(fds))
+
+
+def listening(path: str) -> socket.socket:
+    """The server's socket, listening before the imports: a stand-in that comes meanwhile waits in the
+    queue, not for a file to appear."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    print("listening", flush=True)  # what the suite waits for (tests/process_support.py fork_server)
+    return listener
+
+
+def serve(listener: socket.socket) -> Request:
+    """Fork a command for each stand-in that connects; tell it the command's pid, then its wait status.
+    Returns only in a fork, with the request it is to run."""
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a child's end wakes the loop (through the pipe)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wakeup_read, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                connection, _ = listener.accept()
+                try:
+                    request = receive(connection)
+                except (OSError, ValueError, ConnectionError):
+                    connection.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:  # the command's process: nothing of the server's stays open in it
+                    signal.set_wakeup_fd(-1)
+                    for handled in (signal.SIGCHLD, signal.SIGTERM):
+                        signal.signal(handled, signal.SIG_DFL)
+                    for kept in (listener, connection, *children.values()):
+                        kept.close()
+                    os.close(wakeup_read)
+                    os.close(wakeup_write)
+                    selector.close()
+                    return request
+                for fd in request.fds:
+                    os.close(fd)
+                connection.sendall(LENGTH.pack(pid))
+                children[pid] = connection
+                selector.register(connection, selectors.EVENT_READ, pid)
+            elif key.fileobj == wakeup_read:
+                os.read(wakeup_read, 4096)
+                reap(children, selector)
+            else:  # a stand-in said nothing more, so it has gone: killed, it takes the command along
+                connection, pid = key.fileobj, key.data
+                if not connection.recv(1):  # type: ignore[union-attr]
+                    selector.unregister(connection)
+                    kill_session(pid)
+
+
+def kill_session(pid: int) -> None:
+    for kill in (os.killpg, os.kill):  # the process too: it may not have made its session yet
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGKILL)
+
+
+def reap(children: dict[int, socket.socket], selector: selectors.BaseSelector) -> None:
+    while children:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        connection = children.pop(pid, None)
+        if connection is None:
+            continue
+        with contextlib.suppress(KeyError):  # unregistered when its stand-in left
+            selector.unregister(connection)
+        with contextlib.suppress(OSError):
+            connection.sendall(LENGTH.pack(status))
+        connection.close()
+
+
+def run(request: Request) -> None:
+    """In the fork: the command as the `gptpipe` program would run it, on the stand-in's streams, in its
+    folder and environment, in a session of its own (a signal to its group reaches what it started)."""
+    os.setsid()
+    for target, fd in enumerate(request.fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    sys.stdout.reconfigure(line_buffering=os.isatty(1))  # as Python sets it up at a start
+    if "OMP_NUM_THREADS" in request.env:  # read by torch when it was imported, here
+        import torch
+
+        torch.set_num_threads(int(request.env["OMP_NUM_THREADS"]))
+    level = request.env.get("MLFLOW_LOGGING_LEVEL")
+    if level:  # read by MLflow when it was imported, here
+        import logging
+
+        logging.getLogger("mlflow").setLevel(level.upper())
+    sys.argv = [str(REPO / "flows" / "cli" / "main.py"), *request.argv]
+    from prefect.context import SettingsContext, get_settings_context
+    from prefect.settings import Settings
+
+    from flows.cli.main import entry
+
+    # Prefect read its settings from the environment when it was imported: again, from the command's.
+    with SettingsContext(profile=get_settings_context().profile, settings=Settings()):
+        entry()
+
+
+if __name__ == "__main__":
+    socket_path = sys.argv[1]
+    waiting = listening(socket_path)
+    preload()
+    from gptcore.tools.processes import die_with_parent
+
+    die_with_parent()  # the pytest worker that started it gone in any way, so is the server
+    run(serve(waiting))
