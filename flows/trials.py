@@ -4,6 +4,8 @@ The sweep flow (`flows.sweep`) runs them here, or on a work pool's workers (`flo
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import sys
 import threading
@@ -55,9 +57,22 @@ class TrialResult:
         )
 
 
-def gptpipe_program() -> str:
-    """The installed `gptpipe` program (pyproject's `[project.scripts]`): the one beside this interpreter
-    (a virtual environment's), else the one on PATH. A trial is a `gptpipe run`, as a person would type it."""
+TRIAL_PROGRAM_VARIABLE = "GPTPIPE_TRIAL_PROGRAM"
+
+
+def gptpipe_program() -> list[str]:
+    """The command a trial runs as `gptpipe`: GPTPIPE_TRIAL_PROGRAM where set, split as a shell splits it
+    (a wrapper such as `nice -n 10 gptpipe`, or a program elsewhere); else the installed `gptpipe`
+    (pyproject's `[project.scripts]`), the one beside this interpreter (a virtual environment's), else
+    the one on PATH. A trial is a `gptpipe run`, as a person would type it."""
+    configured = os.environ.get(TRIAL_PROGRAM_VARIABLE, "")
+    if configured.strip():
+        try:
+            return shlex.split(configured)
+        except ValueError as error:
+            raise ConfigError(
+                f"{TRIAL_PROGRAM_VARIABLE}={configured!r}: {error}; give a command as a shell would take it"
+            ) from None
     beside = Path(sys.executable).with_name("gptpipe")
     found = str(beside) if beside.is_file() else shutil.which("gptpipe")
     if found is None:
@@ -65,7 +80,7 @@ def gptpipe_program() -> str:
             f"gptpipe: the program is installed neither beside {sys.executable} nor on PATH; "
             "install the project (make setup, or pip install -e .) to run a sweep's trials"
         )
-    return found
+    return [found]
 
 
 def run_trial(
@@ -78,7 +93,7 @@ def run_trial(
     result = TrialResult(trial)
     overrides = [item for assignment in [*base, *trial.overrides()] for item in ("--set", assignment)]
     description = {"parent_run_id": parent_run_id, "name": trial.name, "values": trial.values}
-    command = [gptpipe_program(), "run", "--params", params_path, *overrides, "--until", "evaluate"]
+    command = [*gptpipe_program(), "run", "--params", params_path, *overrides, "--until", "evaluate"]
     command += ["--trial", json.dumps(description)]
     lines: list[str] = []
 

@@ -33,6 +33,7 @@ LENGTH = struct.Struct("!I")  # a message's length before it
 # What `gptpipe` commands import as they run (flows.cli.main imports them only then).
 PRELOADED = (
     "torch",
+    "torch._dynamo",  # an optimizer's construction imports it (torch._disable_dynamo)
     "prefect",
     "mlflow",
     "mlflow.store.tracking.sqlalchemy_store",

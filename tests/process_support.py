@@ -5,6 +5,7 @@ come."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -125,7 +126,8 @@ FORKED_GPTPIPE = [sys.executable, "-S", str(Path(__file__).with_name("forked_gpt
 @contextmanager
 def fork_server(folder: Path) -> Iterator[None]:
     """The fork server for FORKED_GPTPIPE, found by it through GPTPIPE_FORK_SERVER while the block runs;
-    it takes requests at once and answers them once its imports are done."""
+    it takes requests at once and answers them once its imports are done. A sweep's or a study's trials
+    run forked too (GPTPIPE_TRIAL_PROGRAM, `flows.trials.gptpipe_program`)."""
     path = folder / "fork-server.sock"
     log = folder / "fork-server.log"
     with log.open("wb") as errors:
@@ -138,9 +140,11 @@ def fork_server(folder: Path) -> Iterator[None]:
         if server.stdout.readline() != b"listening\n":  # bound before its imports: a moment
             raise RuntimeError(f"the fork server did not start: {log.read_text()[-2000:]}")
         os.environ["GPTPIPE_FORK_SERVER"] = str(path)
+        os.environ["GPTPIPE_TRIAL_PROGRAM"] = shlex.join(FORKED_GPTPIPE)
         yield
     finally:
         os.environ.pop("GPTPIPE_FORK_SERVER", None)
+        os.environ.pop("GPTPIPE_TRIAL_PROGRAM", None)
         server.terminate()
         server.wait(timeout=60)
 

@@ -96,6 +96,22 @@ sweep:
     assert len(expand(sweep)) == 3
 
 
+def test_a_trial_runs_the_program_gptpipe_trial_program_names_else_the_installed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from flows.trials import gptpipe_program
+
+    monkeypatch.setenv("GPTPIPE_TRIAL_PROGRAM", "nice -n 10 '/opt/my tools/gptpipe'")
+    assert gptpipe_program() == ["nice", "-n", "10", "/opt/my tools/gptpipe"]
+    monkeypatch.setenv("GPTPIPE_TRIAL_PROGRAM", "nice 'gptpipe")
+    with pytest.raises(ConfigError, match=r"^GPTPIPE_TRIAL_PROGRAM=\"nice 'gptpipe\": No closing quotation"):
+        gptpipe_program()
+    monkeypatch.delenv("GPTPIPE_TRIAL_PROGRAM")
+    assert gptpipe_program() == [str(Path(sys.executable).with_name("gptpipe"))]  # this venv's
+
+
 LEARNING_RATES = ["--grid", "full.optimizer.learning_rate=1e-3,3e-3"]
 # Three trials, two at a time: the third waits for a free place, and for the device.
 BATCH_SIZES = ["--grid", "full.optimizer.learning_rate=3e-3", "--grid", "runtime.batch_size=2,4,8"]

@@ -62,6 +62,7 @@ def sweep_command(
 ) -> None:
     """Sweep: the data stages once, then smoke + full + evaluate per trial (a grid over any keys --set
     takes, or --random N), each a child run of one MLflow sweep run; prints the trials' table."""
+    from flows.trials import gptpipe_program
     from tasks.params.sweep import expand, parse_grid, validate_trials
 
     params_path, checked = resolve_params(params, iteration, overrides)
@@ -71,6 +72,8 @@ def sweep_command(
         update={key: value for key, value in update.items() if value is not None}
     )
     validate_trials(params_path, list(overrides), expand(settings))  # every trial, before anything starts
+    if work_pool is None:
+        gptpipe_program()  # the trials' program too
     _start_prefect(checked)
     from flows.sweep import sweep
 
@@ -138,6 +141,7 @@ def scale_command(
     """Scaling study: every depth x budget trained and tested through the cached stages, the law
     L(N, D) fitted, plots and the fit on one MLflow run, and the run a target budget buys written as a
     parameter file (or one line saying why the points cannot claim it)."""
+    from flows.trials import gptpipe_program
     from tasks.params.scale import grid_trials, shared_overrides, study_settings, target_budget
     from tasks.params.sweep import validate_trials
 
@@ -155,6 +159,8 @@ def scale_command(
         ) from None
     target_budget(settings)  # a target the grid cannot claim: refused before anything trains
     validate_trials(params_path, [*overrides, *shared_overrides(checked, settings)], grid_trials(settings))
+    if work_pool is None:
+        gptpipe_program()  # the trials' program too
     _start_prefect(checked)
     from flows.scale import scale
 
