@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from tasks.tracking import DeliverySettings, TrackingSession, training_metadata
 from tasks.tracking.store import resolve_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Started afresh: the test holds the process itself still (SIGSTOP, which no stand-in can pass on).
+STARTED_GPTPIPE = [sys.executable, "-m", "flows.cli.main"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -125,7 +128,7 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
     params_path.write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [
-        *FORKED_GPTPIPE, "train", "--params", str(params_path), "--device", "cpu",
+        *STARTED_GPTPIPE, "train", "--params", str(params_path), "--device", "cpu",
         "--precision", "fp32", "--synthetic", "--checkpoint-directory", str(tmp_path / "ckpt"),
         "--max-steps", "100", "--log-every", "1", "--eval-every", "50",
     ]  # fmt: skip
