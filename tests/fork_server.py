@@ -191,14 +191,12 @@ def run(request: Request) -> None:
 
         logging.getLogger("mlflow").setLevel(level.upper())
     sys.argv = [str(REPO / "flows" / "cli" / "main.py"), *request.argv]
-    from prefect.context import SettingsContext, get_settings_context
-    from prefect.settings import Settings
+    from in_process import prefect_settings_of_environment
 
     from flows.cli.main import entry
 
-    # Prefect read its settings from the environment when it was imported: again, from the command's.
     try:
-        with SettingsContext(profile=get_settings_context().profile, settings=Settings()):
+        with prefect_settings_of_environment():  # Prefect read them at import: again, the command's
             entry()
         code = 0
     except SystemExit as exit_:

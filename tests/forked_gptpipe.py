@@ -11,10 +11,10 @@ import json
 import os
 import signal
 import socket
-import struct
 import sys
 
-LENGTH = struct.Struct("!I")
+from fork_server import LENGTH  # the protocol's framing (its module imports nothing heavy at the top)
+
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

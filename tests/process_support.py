@@ -118,6 +118,8 @@ class Lines:
         return "".join(self.seen)
 
 
+# `gptpipe ARGS` started afresh, as a person's is: its imports' warnings on its stderr too, its tree its own.
+STARTED_GPTPIPE = [sys.executable, "-m", "flows.cli.main"]
 # `gptpipe ARGS` as a process of its own, forked from the suite's fork server (tests/fork_server.py): where
 # what is under test is what the command's process does, not how it starts.
 FORKED_GPTPIPE = [sys.executable, "-S", str(Path(__file__).with_name("forked_gptpipe.py"))]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import in_process
 import pytest
 import yaml
-from process_support import FORKED_GPTPIPE
+from process_support import FORKED_GPTPIPE, STARTED_GPTPIPE
 
 from gptcore.errors import TrainingError
 from tasks.params.loading import load_params
@@ -30,8 +29,6 @@ from tasks.results import StageResult, file_record
 from tasks.stages.smoke_gate import DataSizing, judge
 
 REPO = Path(__file__).resolve().parent.parent
-# `gptpipe` started afresh, as a person's is: its imports' warnings on its stderr too, its tree its own.
-STARTED_GPTPIPE = [sys.executable, "-c", "from flows.cli.main import entry; entry()"]
 GPTPIPE = FORKED_GPTPIPE  # a process of its own for the command; its imports done by the fork server
 WORDS = [
     "the",

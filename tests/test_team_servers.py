@@ -22,7 +22,7 @@ import psutil
 import pytest
 import yaml
 from fault_support import TINY_PARAMS
-from process_support import FORKED_GPTPIPE, reserved_port
+from process_support import FORKED_GPTPIPE, STARTED_GPTPIPE, reserved_port
 from test_pipeline import gptpipe, states, write_corpus, write_params
 from waiting import until
 
@@ -31,7 +31,6 @@ from gptcore.errors import ConfigError
 from tasks.params.schema import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
-GPTPIPE = [sys.executable, "-m", "flows.cli.main"]  # the servers: their process tree is under test
 CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_AUTH_STRING")
 
 
@@ -104,7 +103,8 @@ def servers() -> Iterator[Servers]:
     plant_modules(state / "s")
     held = contextlib.ExitStack()  # the three ports stay the test's until the servers are gone
     ports = [str(held.enter_context(reserved_port())) for _ in range(3)]
-    command = [*GPTPIPE, "servers", "--state", str(state / "s"), "--auth", "--workers", "2"]
+    # Started afresh: the servers' process tree is under test.
+    command = [*STARTED_GPTPIPE, "servers", "--state", str(state / "s"), "--auth", "--workers", "2"]
     command += ["--mlflow-port", ports[0], "--prefect-port", ports[1], "--postgres-port", ports[2]]
     env = {name: value for name, value in os.environ.items() if not name.startswith(("MLFLOW_", "PREFECT_"))}
     process = subprocess.Popen(

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from fault_support import TINY_PARAMS
-from process_support import FORKED_GPTPIPE, reserved_port, stop_process_group
+from process_support import FORKED_GPTPIPE, STARTED_GPTPIPE, reserved_port, stop_process_group
 from test_mlflow_browser import wait_healthy
 from tracking_support import Waits, fresh_store, three_step_job
 
@@ -31,8 +30,6 @@ from tasks.tracking import DeliverySettings, TrackingSession, training_metadata
 from tasks.tracking.store import resolve_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-# Started afresh: the test holds the process itself still (SIGSTOP, which no stand-in can pass on).
-STARTED_GPTPIPE = [sys.executable, "-m", "flows.cli.main"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -128,7 +125,7 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
     params_path.write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [
-        *STARTED_GPTPIPE, "train", "--params", str(params_path), "--device", "cpu",
+        *STARTED_GPTPIPE, "train", "--params", str(params_path), "--device", "cpu",  # held with SIGSTOP
         "--precision", "fp32", "--synthetic", "--checkpoint-directory", str(tmp_path / "ckpt"),
         "--max-steps", "100", "--log-every", "1", "--eval-every", "50",
     ]  # fmt: skip
