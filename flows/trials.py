@@ -4,8 +4,6 @@ The sweep flow (`flows.sweep`) runs them here, or on a work pool's workers (`flo
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import shutil
 import sys
 import threading
@@ -65,14 +63,11 @@ def gptpipe_program() -> list[str]:
     (a wrapper such as `nice -n 10 gptpipe`, or a program elsewhere); else the installed `gptpipe`
     (pyproject's `[project.scripts]`), the one beside this interpreter (a virtual environment's), else
     the one on PATH. A trial is a `gptpipe run`, as a person would type it."""
-    configured = os.environ.get(TRIAL_PROGRAM_VARIABLE, "")
-    if configured.strip():
-        try:
-            return shlex.split(configured)
-        except ValueError as error:
-            raise ConfigError(
-                f"{TRIAL_PROGRAM_VARIABLE}={configured!r}: {error}; give a command as a shell would take it"
-            ) from None
+    from gptcore.tools.programs import configured_program
+
+    configured = configured_program(TRIAL_PROGRAM_VARIABLE)
+    if configured:
+        return configured
     beside = Path(sys.executable).with_name("gptpipe")
     found = str(beside) if beside.is_file() else shutil.which("gptpipe")
     if found is None:

@@ -31,14 +31,18 @@ def launch_spec(
 ) -> LaunchSpec | None:
     """The torchrun processes a training runs on: `runtime.nproc` per node and the `topology` flags
     (`nnodes`, `node_rank`, `rdzv_*`); None when it trains in this process (one process asked for, or
-    this one is a rank of a torchrun already)."""
-    from gptcore.distributed.torchrun import under_torchrun
+    this one is a rank of a torchrun already). GPTPIPE_PYTHON, which the processes would run under, is
+    checked here, before anything starts."""
+    from gptcore.distributed.torchrun import python_program, under_torchrun
 
     if under_torchrun():
         return None
     given = {key: value for key, value in (topology or {}).items() if value is not None}
     spec = LaunchSpec(nproc_per_node=full_world_size(params), **given)
-    return spec if spec.needs_torchrun else None
+    if not spec.needs_torchrun:
+        return None
+    python_program()
+    return spec
 
 
 def launch_training(

@@ -8,7 +8,9 @@ tests/process_support.py), a small program that hands its argv, folder, environm
 streams to this server and waits; the server forks, and the fork runs the command as `gptpipe` would
 (`flows.cli.main.entry`) in a session of its own, on those streams: a real process with its own pid,
 exit code and files. The stand-in relays SIGINT, SIGTERM and SIGHUP to it and exits as it exited;
-killed itself, it takes the command's session along.
+killed itself, it takes the command's session along. `forked_gptpipe.py -m MODULE ARGS` runs a module
+instead, as `python -m MODULE ARGS` would: the suite's GPTPIPE_PYTHON, so that a training on several
+processes forks its torchrun launcher and ranks too.
 
 What a fork does not redo is the start: modules imported before its environment was set (what they
 read from the environment at import, the warnings they print then); nor the end's teardown of every
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+LAUNCHER_PID_VARIABLE = "GPTPIPE_LAUNCHER_PID"  # gptcore.tools.processes's, not imported before the fork
 LENGTH = struct.Struct("!I")  # a message's length before it
 # What `gptpipe` commands import as they run (flows.cli.main imports them only then).
 PRELOADED = (
@@ -51,18 +54,21 @@ PRELOADED = (
     "flows.cli.models",
     "flows.cli.tracking",
     "flows.cli.servers",
+    "gptcore.train.multiprocess",  # a rank's module (GPTPIPE_PYTHON: the launcher and ranks fork)
+    "torch.distributed.run",
 )
 
 
 @dataclass
 class Request:
-    """What the stand-in hands over: the command's argv (after `gptpipe`), its folder and environment,
-    and its stdin, stdout and stderr."""
+    """What the stand-in hands over: the command's argv (after `gptpipe`, or `-m MODULE ARGS`), its
+    folder and environment, and its stdin, stdout and stderr."""
 
     argv: list[str]
     cwd: str
     env: dict[str, str]
     fds: list[int]
+    parent: int  # the stand-in's parent, which it dies with
 
 
 def preload() -> None:
@@ -89,7 +95,7 @@ def receive(connection: socket.socket) -> Request:
             raise ConnectionError("the stand-in left before its request was whole")
         data += more
     fields = json.loads(data[LENGTH.size :])
-    return Request(fields["argv"], fields["cwd"], fields["env"], list(fds))
+    return Request(fields["argv"], fields["cwd"], fields["env"], list(fds), fields["parent"])
 
 
 def listening(path: str) -> socket.socket:
@@ -180,6 +186,10 @@ def run(request: Request) -> None:
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+    if os.environ.get(LAUNCHER_PID_VARIABLE) == str(request.parent):
+        # Its launcher, for die_with_parent: the stand-in's parent, which the stand-in dies with (and this
+        # session with the stand-in); this process's own parent is the server.
+        os.environ[LAUNCHER_PID_VARIABLE] = str(os.getppid())
     sys.stdout.reconfigure(line_buffering=os.isatty(1))  # as Python sets it up at a start
     if "OMP_NUM_THREADS" in request.env:  # read by torch when it was imported, here
         import torch
@@ -190,14 +200,11 @@ def run(request: Request) -> None:
         import logging
 
         logging.getLogger("mlflow").setLevel(level.upper())
-    sys.argv = [str(REPO / "flows" / "cli" / "main.py"), *request.argv]
     from in_process import prefect_settings_of_environment
-
-    from flows.cli.main import entry
 
     try:
         with prefect_settings_of_environment():  # Prefect read them at import: again, the command's
-            entry()
+            command(request.argv)
         code = 0
     except SystemExit as exit_:
         code = exit_code(exit_)
@@ -205,6 +212,23 @@ def run(request: Request) -> None:
         sys.excepthook(*sys.exc_info())  # the traceback, as an uncaught exception's
         code = 1
     leave(code)
+
+
+def command(argv: list[str]) -> None:
+    """`gptpipe ARGV`, or with `-m MODULE ARGS` that module as `python -m` runs it."""
+    if argv[:1] == ["-m"]:
+        import runpy
+        import warnings
+
+        # Imported here already (by the preloaded flows), it runs again as __main__, as intended.
+        warnings.filterwarnings("ignore", r".* found in sys\.modules after import", RuntimeWarning, "runpy")
+        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file first
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    from flows.cli.main import entry
+
+    sys.argv = [str(REPO / "flows" / "cli" / "main.py"), *argv]
+    entry()
 
 
 def exit_code(exit_: SystemExit) -> int:

@@ -129,7 +129,8 @@ FORKED_GPTPIPE = [sys.executable, "-S", str(Path(__file__).with_name("forked_gpt
 def fork_server(folder: Path) -> Iterator[None]:
     """The fork server for FORKED_GPTPIPE, found by it through GPTPIPE_FORK_SERVER while the block runs;
     it takes requests at once and answers them once its imports are done. A sweep's or a study's trials
-    run forked too (GPTPIPE_TRIAL_PROGRAM, `flows.trials.gptpipe_program`)."""
+    run forked too (GPTPIPE_TRIAL_PROGRAM, `flows.trials.gptpipe_program`), and so do a training's
+    torchrun launcher and ranks (GPTPIPE_PYTHON, `gptcore.distributed.torchrun.python_program`)."""
     if os.environ.get("GPTPIPE_TESTS_FORK") == "0":  # to compare: every forked gptpipe started afresh
         yield
         return
@@ -146,10 +147,11 @@ def fork_server(folder: Path) -> Iterator[None]:
             raise RuntimeError(f"the fork server did not start: {log.read_text()[-2000:]}")
         os.environ["GPTPIPE_FORK_SERVER"] = str(path)
         os.environ["GPTPIPE_TRIAL_PROGRAM"] = shlex.join(FORKED_GPTPIPE)
+        os.environ["GPTPIPE_PYTHON"] = shlex.join(FORKED_GPTPIPE)  # runs `-m MODULE ARGS` as python does
         yield
     finally:
-        os.environ.pop("GPTPIPE_FORK_SERVER", None)
-        os.environ.pop("GPTPIPE_TRIAL_PROGRAM", None)
+        for variable in ("GPTPIPE_FORK_SERVER", "GPTPIPE_TRIAL_PROGRAM", "GPTPIPE_PYTHON"):
+            os.environ.pop(variable, None)
         server.terminate()
         server.wait(timeout=60)
 

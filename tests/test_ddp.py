@@ -210,7 +210,9 @@ def test_a_killed_rank_ends_the_job_and_the_run_resumes_from_its_last_checkpoint
     params = write_params(folder, steps=20, checkpoint_every=10)  # the reference's run
     checkpoints = folder / "killed"
     args = train_args(params, checkpoints, "--checkpoint-every", "5")
-    faulty = {KILL_ENV: "step:11:1", JOB_MARKER: str(checkpoints)}
+    # torchrun and the ranks started afresh (GPTPIPE_PYTHON blank: this interpreter), not forked: what is
+    # left behind is found by its environment, which a fork's /proc/PID/environ does not show.
+    faulty = {KILL_ENV: "step:11:1", JOB_MARKER: str(checkpoints), "GPTPIPE_PYTHON": ""}
     run = gptpipe([*args, "--nproc", "2", "--batch-size", "2"], **faulty)
     stdout, stderr = run.communicate(timeout=CEILING)
     # torchrun ended the job at the kill: the survivor did not wait out a collective's timeout first

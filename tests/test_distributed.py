@@ -25,7 +25,13 @@ from gptcore.distributed.group import (
     rank_range,
     world_from_env,
 )
-from gptcore.distributed.torchrun import LaunchSpec, exit_code_of, resolve_nproc, torchrun_command
+from gptcore.distributed.torchrun import (
+    LaunchSpec,
+    exit_code_of,
+    python_program,
+    resolve_nproc,
+    torchrun_command,
+)
 from gptcore.errors import ConfigError
 from gptcore.tools.processes import LaunchCancelled, run_process_tree
 from gptcore.train.callbacks import TrainingCallback
@@ -171,15 +177,42 @@ def test_the_fp16_overflow_check_agrees_across_ranks():
 
 
 def test_one_node_launch_is_standalone_and_several_nodes_name_the_rendezvous():
-    one = torchrun_command(LaunchSpec(2), "gptcore.train.multiprocess", ["job.json"], python="py")
-    launcher = ["py", "-m", "gptcore.distributed.torchrun", "--nproc-per-node", "2", "--standalone"]
-    assert one == [*launcher, "-m", "gptcore.train.multiprocess", "job.json"]
+    one = torchrun_command(LaunchSpec(2), "gptcore.train.multiprocess", ["job.json"], python=["nice", "py"])
+    launcher = ["nice", "py", "-m", "gptcore.distributed.torchrun", "--nproc-per-node", "2", "--standalone"]
+    assert one == [*launcher, "--no-python", "nice", "py", "-m", "gptcore.train.multiprocess", "job.json"]
     spec = LaunchSpec(1, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", rdzv_id="job7")
     assert spec.torchrun_flags() == [
         "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job7",
     ]  # fmt: skip
     assert spec.needs_torchrun and not LaunchSpec(1).needs_torchrun
+
+
+def test_gptpipe_python_runs_the_launcher_and_every_rank_and_one_a_shell_cannot_split_stops_nothing_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli.main import main
+
+    monkeypatch.setenv("GPTPIPE_PYTHON", "nice -n 5 '/opt/my python'")
+    command = torchrun_command(LaunchSpec(2), "gptcore.train.multiprocess", ["job.json"])
+    wrapper = ["nice", "-n", "5", "/opt/my python"]
+    rank = command[command.index("--no-python") + 1 :]
+    assert command[:5] == [*wrapper, "-m"]  # the launcher
+    assert rank == [*wrapper, "-m", "gptcore.train.multiprocess", "job.json"]  # each rank
+    monkeypatch.setenv("GPTPIPE_PYTHON", " ")
+    assert python_program() == [sys.executable]
+
+    monkeypatch.setenv("GPTPIPE_PYTHON", "nice 'python")
+    refused = 'error: GPTPIPE_PYTHON="nice \'python": No closing quotation; give a command as a shell would'
+    refused += " take it"
+    checkpoints = tmp_path / "checkpoints"
+    train = ["train", "--synthetic", "--no-track", "--nproc", "2", "--checkpoint-directory", str(checkpoints)]
+    data = tmp_path / "data"
+    run = ["run", "--set", "runtime.nproc=2", "--set", f"paths.data_root={data}", "--until", "full"]
+    for command in (train, run):
+        assert main(command) == 2
+        assert capsys.readouterr().err.splitlines() == [refused]
+    assert not checkpoints.exists() and not data.exists(), "refused before anything started"
 
 
 @pytest.mark.parametrize(

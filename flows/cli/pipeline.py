@@ -184,6 +184,10 @@ def _check_full_can_run(checked: PipelineParams, params_path: Path) -> None:
     anything imports Prefect (`_start_prefect` sets its project settings first)."""
     import torch
 
+    from tasks.training_launch import launch_spec
+
+    launch_spec(checked)  # on several processes: the command they would run under (GPTPIPE_PYTHON)
+
     if checked.full_refusal("cuda" if torch.cuda.is_available() else "cpu") is not None:
         raise ConfigError(
             f"{params_path}: full training needs CUDA (full.require_cuda: true) and this machine has none; "

@@ -1,7 +1,9 @@
 """Launching training under torchrun, as a watched subprocess.
 
 `torchrun_command` builds the command: `python -m gptcore.distributed.torchrun <torchrun flags>
--m <rank module> <its arguments>` (the training's: `gptcore.train.multiprocess JOB.json`). This
+--no-python python -m <rank module> <its arguments>` (the training's: `gptcore.train.multiprocess
+JOB.json`), where `python` is GPTPIPE_PYTHON's command where set (`nice -n 10 python`, `numactl
+--interleave=all python`: the launcher and every rank run under it), else this interpreter. This
 module run as a module is torchrun itself (`torch.distributed.run`) with two differences: it exits with
 the exit code of the first rank that failed (torchrun exits 1 whatever the rank did; a rank killed by
 a signal gives 128 + the signal, as shells do), and it stops its ranks when the process that launched
@@ -19,8 +21,10 @@ from typing import Literal
 
 from gptcore.errors import ConfigError
 from gptcore.tools.processes import LAUNCHER_PID_VARIABLE, die_with_parent
+from gptcore.tools.programs import configured_program
 
 RDZV_BACKENDS = ("c10d", "static")
+PYTHON_VARIABLE = "GPTPIPE_PYTHON"  # the command the launcher and its ranks run Python modules with
 
 
 @dataclass(frozen=True)
@@ -100,20 +104,22 @@ def worker_threads(nproc_per_node: int) -> int:
     return max(1, cores // nproc_per_node)
 
 
+def python_program() -> list[str]:
+    """The command that runs the launcher's and its ranks' Python modules: GPTPIPE_PYTHON's, split as a
+    shell splits it, else this interpreter."""
+    return configured_program(PYTHON_VARIABLE) or [sys.executable]
+
+
 def torchrun_command(
-    spec: LaunchSpec, module: str, train_args: Sequence[str], python: str | None = None
+    spec: LaunchSpec, module: str, train_args: Sequence[str], python: Sequence[str] | None = None
 ) -> list[str]:
-    """The command that runs `python -m <module> <train_args>` once per rank under torchrun; the caller
-    names its rank module (`gptcore.train.multiprocess` names itself), so this room names none above it."""
-    return [
-        python or sys.executable,
-        "-m",
-        "gptcore.distributed.torchrun",
-        *spec.torchrun_flags(),
-        "-m",
-        module,
-        *train_args,
-    ]
+    """The command that runs `python -m <module> <train_args>` once per rank under torchrun, `python`
+    (python_program's by default) for the launcher and the ranks alike (torchrun's --no-python: it runs
+    the rank's command as given); the caller names its rank module (`gptcore.train.multiprocess` names
+    itself), so this room names none above it."""
+    program = list(python or python_program())
+    launcher = [*program, "-m", "gptcore.distributed.torchrun", *spec.torchrun_flags()]
+    return [*launcher, "--no-python", *program, "-m", module, *train_args]
 
 
 def launch_environment(spec: LaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:

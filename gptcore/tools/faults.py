@@ -18,14 +18,17 @@ The points, each at a training step:
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 
 KILL_ENV = "GPTPIPE_FAULT_KILL"
 
 
+@functools.cache
 def _armed() -> tuple[str, int] | None:
-    """(point, step) this process dies at, from the environment at import; None when it runs on."""
+    """(point, step) this process dies at, from the environment when first asked (a process forked from
+    one that imported this module has its own); None when it runs on."""
     spec = os.environ.get(KILL_ENV)
     if not spec:
         return None
@@ -35,10 +38,8 @@ def _armed() -> tuple[str, int] | None:
     return point, int(step)
 
 
-_ARMED = _armed()
-
-
 def kill_point(point: str, step: int) -> None:
     """Die here when `GPTPIPE_FAULT_KILL` names this point at this step."""
-    if _ARMED is not None and (point, step) == _ARMED:
+    armed = _armed()
+    if armed is not None and (point, step) == armed:
         os.kill(os.getpid(), signal.SIGKILL)
