@@ -123,6 +123,23 @@ STARTED_GPTPIPE = [sys.executable, "-m", "flows.cli.main"]
 # `gptpipe ARGS` as a process of its own, forked from the suite's fork server (tests/fork_server.py): where
 # what is under test is what the command's process does, not how it starts.
 FORKED_GPTPIPE = [sys.executable, "-S", str(Path(__file__).with_name("forked_gptpipe.py"))]
+FORKED_PREFECT = [*FORKED_GPTPIPE, "-m", "prefect"]  # the `prefect` program (`python -m prefect`), forked
+
+
+def forked_process_pool(folder: Path) -> Path:
+    """A process work pool's base job template (a JSON file in `folder`, for `prefect work-pool create
+    --base-job-template`) whose flow runs start forked: its default command is `python -m prefect.engine`
+    through the stand-in, where a process worker would start that command afresh."""
+    import json
+
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    engine = shlex.join([*FORKED_GPTPIPE, "-m", "prefect.engine"])
+    template["variables"]["properties"]["command"]["default"] = engine
+    path = folder / "forked-process-pool.json"
+    path.write_text(json.dumps(template))
+    return path
 
 
 @contextmanager

@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+from process_support import FORKED_PREFECT, forked_process_pool
 from test_pipeline import write_corpus, write_params
 
 REPO = Path(__file__).resolve().parent.parent
-PREFECT = [sys.executable, "-m", "prefect"]
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -27,7 +26,7 @@ def get_json(url: str) -> dict:
 
 def prefect(env: dict[str, str], *args: str, timeout: float = 120) -> str:
     result = subprocess.run(
-        [*PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [*FORKED_PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
     assert result.returncode == 0, (
         f"prefect {' '.join(args)}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
@@ -39,7 +38,17 @@ def test_deployed_iteration_1_runs_to_completed_on_a_process_worker(
     tmp_path: Path, prefect_env: dict[str, str]
 ) -> None:
     env, api = prefect_env, prefect_env["PREFECT_API_URL"]
-    prefect(env, "work-pool", "create", "gptpipe-process", "--type", "process")
+    template = forked_process_pool(tmp_path)  # the triggered run forked, as the `prefect` commands are
+    prefect(
+        env,
+        "work-pool",
+        "create",
+        "gptpipe-process",
+        "--type",
+        "process",
+        "--base-job-template",
+        str(template),
+    )
     deployed = prefect(env, "--no-prompt", "deploy", "--all")
     for name in ("iteration-1-nightly", "iteration-2", "iteration-3", "finetune-docs"):
         assert name in deployed

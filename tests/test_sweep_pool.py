@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from process_support import Lines, stop_process_group
+from process_support import FORKED_PREFECT, Lines, forked_process_pool, stop_process_group
 from slot_support import holding_the_device
 from test_sweep import LEARNING_RATES, SWEEP_CEILING, sweep
 
@@ -19,7 +18,6 @@ from tasks.device_slot import device_limit_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=40)]
 REPO = Path(__file__).resolve().parent.parent
-PREFECT = str(Path(sys.executable).parent / "prefect")
 
 
 @pytest.mark.timeout(SWEEP_CEILING + 60)
@@ -35,11 +33,11 @@ def test_two_process_workers_take_the_trials_of_a_sweep(tmp_path: Path, prefect_
                 worker.wait_for(lambda lines: any(waited in line for line in lines))
 
     try:
-        subprocess.run(
-            [PREFECT, "work-pool", "create", "sweep-test", "--type", "process"], env=env, check=True
-        )
+        template = ("--base-job-template", str(forked_process_pool(tmp_path)))  # the trials' runs forked
+        create = [*FORKED_PREFECT, "work-pool", "create", "sweep-test", "--type", "process", *template]
+        subprocess.run(create, env=env, check=True)
         for index in (1, 2):
-            command = [PREFECT, "worker", "start", "--pool", "sweep-test", "--name", f"w{index}"]
+            command = [*FORKED_PREFECT, "worker", "start", "--pool", "sweep-test", "--name", f"w{index}"]
             command += ["--limit", "1"]  # one trial at a time: a worker with a trial waiting takes no other
             process = subprocess.Popen(
                 command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
