@@ -32,7 +32,8 @@ def floor_version() -> str:
 
 @pytest.mark.skipif(not FLOOR.is_dir(), reason=f"{FLOOR} is missing: `make setup` installs the floor there")
 def test_the_exports_read_alike_with_the_oldest_transformers_the_extra_admits() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FLOOR), str(REPO)])}
+    # No fork server in the readers' session: they start no `gptpipe`, and its imports cost seconds.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FLOOR), str(REPO)]), "GPTPIPE_TESTS_FORK": "0"}
     said = subprocess.run(
         [sys.executable, "-c", "import transformers; print(transformers.__version__)"],
         env=env, capture_output=True, text=True, check=True,
