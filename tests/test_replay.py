@@ -256,3 +256,18 @@ def test_a_second_process_at_the_keys_first_use_reads_the_whole_key_the_first_on
     assert second == [first] and len(bytes.fromhex(first)) == 32  # the one key, whole
     assert [p.name for p in folder.iterdir()] == ["outbox.key"]  # no other file left behind
     assert stat.S_IMODE((folder / "outbox.key").stat().st_mode) == 0o600
+
+
+def test_a_create_sent_again_after_its_answer_was_lost_finds_the_run_it_made(tmp_path: Path) -> None:
+    """The writer's live retry and a replay send a create again when its answer never came (a timeout, a
+    server stopped before it replied) though the store may have carried it out: one run either way."""
+    from tasks.tracking.delivery.records import CreateRun
+
+    store = Store(tmp_path)
+    key = "pending-00000000000000aa"
+    record = CreateRun(**create(key, store.experiment))
+    first = operations.OPERATIONS["create_run"](store.client, key, record)  # its answer lost on the way
+    again = operations.OPERATIONS["create_run"](store.client, key, record)
+    assert again == first and len(store.client.search_runs([store.experiment])) == 1
+    other = operations.OPERATIONS["create_run"](store.client, "pending-00000000000000bb", record)
+    assert other != first, "another key is another run"

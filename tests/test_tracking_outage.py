@@ -159,7 +159,9 @@ def test_a_server_that_never_returns_during_gptpipe_train_leaves_an_outbox_that_
     assert sent == waiting - 2 and skipped in replay.stdout
     assert not outbox.exists()
     session = TrackingSession.open(TrackingConfig(experiment="gptpipe"))
-    (run,) = session.client.search_runs([session.experiment_id])
+    runs = session.client.search_runs([session.experiment_id])
+    assert len(runs) == 1, [(r.info.run_name, r.info.status, r.data.tags) for r in runs]  # which, if not
+    (run,) = runs
     assert run.info.status == "FINISHED"
     history = session.client.get_metric_history(run.info.run_id, "train_loss")
     assert [m.step for m in history] == list(range(1, steps + 1))  # no gap, in order

@@ -77,9 +77,16 @@ def dataset_inputs(datasets: Sequence[DatasetInput]) -> list[DatasetRecord]:
 # --- operations: run on the writer's thread -----------------------------------------------------------------
 
 
-def _create_run(client: Any, _: str, record: CreateRun) -> str:
+def _create_run(client: Any, key: str, record: CreateRun) -> str:
+    """The run the record creates, made once: a create the store carried out but whose answer was lost
+    (a timeout, a server stopped before it replied) is found by its key when it is sent again, live or
+    from the outbox, instead of making a second run."""
+    tags = {**record.tags, RECORD_KEY: key}  # an outbox record written before the writer tagged it lacks it
+    found = client.search_runs([record.experiment_id], f"tags.`{RECORD_KEY}` = '{key}'", max_results=1)
+    if found:
+        return found[0].info.run_id
     run = client.create_run(
-        record.experiment_id, start_time=record.start_time, tags=record.tags, run_name=record.run_name
+        record.experiment_id, start_time=record.start_time, tags=tags, run_name=record.run_name
     )
     return run.info.run_id
 

@@ -32,7 +32,6 @@ from tasks.tracking.delivery.operations import (
     METRICS_PER_CALL,
     OPERATIONS,
     PENDING,
-    RECORD_KEY,
     NotAModel,
     is_outage,
     reason,
@@ -191,7 +190,7 @@ def _refuse(group: list[Record], problem: str, progress: Progress, report: Write
 def _send(client: MlflowClient, group: list[Record], progress: Progress) -> Any:
     first = group[0]
     if isinstance(first, CreateRun):
-        return _run_of(client, first)
+        return OPERATIONS["create_run"](client, first.run, first)  # found by its key if made already
     run = progress.ids.get(first.run, first.run)
     if run.startswith(PENDING):
         raise ValueError(f"its run {first.run} was never created (the record creating it is not here)")
@@ -202,16 +201,6 @@ def _send(client: MlflowClient, group: list[Record], progress: Progress) -> Any:
         if found is not None:
             return found
     return OPERATIONS[first.op](client, run, first)
-
-
-def _run_of(client: MlflowClient, record: CreateRun) -> str:
-    """The run a create_run record made, found by its key (a replay killed after creating it), else made."""
-    key = record.run
-    found = client.search_runs([record.experiment_id], f"tags.`{RECORD_KEY}` = '{key}'", max_results=1)
-    if found:
-        return found[0].info.run_id
-    tagged = record.model_copy(update={"tags": {**record.tags, RECORD_KEY: key}})  # an older one lacks it
-    return OPERATIONS["create_run"](client, key, tagged)
 
 
 def _logged_model_of(client: MlflowClient, record: LogModel, run: str) -> str | None:
