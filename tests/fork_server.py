@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LAUNCHER_PID_VARIABLE = "GPTPIPE_LAUNCHER_PID"  # gptcore.tools.processes's, not imported before the fork
 LENGTH = struct.Struct("!I")  # a message's length before it
 # What `gptpipe` commands import as they run (flows.cli.main imports them only then).
 PRELOADED = (
@@ -186,6 +185,8 @@ def run(request: Request) -> None:
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+    from gptcore.tools.processes import LAUNCHER_PID_VARIABLE  # imported by the server already
+
     if os.environ.get(LAUNCHER_PID_VARIABLE) == str(request.parent):
         # Its launcher, for die_with_parent: the stand-in's parent, which the stand-in dies with (and this
         # session with the stand-in); this process's own parent is the server.

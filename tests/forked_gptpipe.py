@@ -1,10 +1,9 @@
 """`python -S tests/forked_gptpipe.py ARGS`: `gptpipe ARGS` (with `-m MODULE ARGS`: `python -m MODULE
-ARGS`), forked by the suite's fork server (tests/fork_server.py, found through GPTPIPE_FORK_SERVER)
-from a process that has imported what a command
-needs: the command's own process, on this one's folder, environment and standard streams. This one
-stands in for it: it passes on SIGINT, SIGTERM and SIGHUP, and exits as the command exited (its code,
-or killed by the same signal). Without a server it becomes `gptpipe` itself. Standard library only, so
-that it starts in milliseconds."""
+ARGS`), forked by the suite's fork server (tests/fork_server.py, found through GPTPIPE_FORK_SERVER) from
+a process that has imported what a command needs: the command's own process, on this one's folder,
+environment and standard streams. This one stands in for it: it passes on SIGINT, SIGTERM and SIGHUP,
+and exits as the command exited (its code, or killed by the same signal). Without a server it becomes
+`gptpipe` itself. Standard library only (`-S`: no site-packages), so that it starts in milliseconds."""
 
 from __future__ import annotations
 
@@ -34,7 +33,8 @@ def receive_number(connection: socket.socket) -> int:
 
 def die_with_parent() -> None:
     """Killed when the process that started this one dies (the server then kills the command's session),
-    as `gptcore.tools.processes.die_with_parent` has a launched process killed with its launcher."""
+    as `gptcore.tools.processes.die_with_parent` has a launched process killed with its launcher (that
+    module's `on_parent_death`, which this program cannot import: it needs site-packages)."""
     import ctypes
 
     PR_SET_PDEATHSIG = 1

@@ -81,10 +81,10 @@ def _create_run(client: Any, key: str, record: CreateRun) -> str:
     """The run the record creates, made once: a create the store carried out but whose answer was lost
     (a timeout, a server stopped before it replied) is found by its key when it is sent again, live or
     from the outbox, instead of making a second run."""
-    tags = {**record.tags, RECORD_KEY: key}  # an outbox record written before the writer tagged it lacks it
     found = client.search_runs([record.experiment_id], f"tags.`{RECORD_KEY}` = '{key}'", max_results=1)
     if found:
         return found[0].info.run_id
+    tags = {**record.tags, RECORD_KEY: key}  # an outbox record written before the writer tagged it lacks it
     run = client.create_run(
         record.experiment_id, start_time=record.start_time, tags=tags, run_name=record.run_name
     )
