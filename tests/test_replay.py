@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _no_store_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # and whatever a replay sets goes with it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
 class Store:
@@ -69,8 +70,12 @@ def losses(run: str, steps: range) -> list[dict[str, Any]]:
 
 
 def replay(path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     code = main(["tracking", "replay", str(path), *args])
     said = capsys.readouterr()
+    # The store it chose is its own: once, a replay's store left in this process's environment was the
+    # store of the next test's `mlflow server` (MLFLOW_TRACKING_URI wins over a configured store).
+    assert os.environ.get("MLFLOW_TRACKING_URI") == before
     return code, said.out + said.err
 
 

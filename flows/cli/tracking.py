@@ -233,15 +233,18 @@ def replay_command(
 
     from tasks.tracking.delivery.outbox import Outbox
     from tasks.tracking.delivery.replay import replay_into
-    from tasks.tracking.store import TrackingError, redact, resolve_target
+    from tasks.tracking.store import TrackingError, redact, target_of
 
     if not outbox.exists():
         raise ConfigError(f"{outbox}: not found (an outbox file, as a run's warning named it)")
     if outbox.is_dir():
         raise ConfigError(f"{outbox}: is a folder; pass one outbox file (*.jsonl) in it")
     box = Outbox.open(outbox)
-    os.environ["MLFLOW_TRACKING_URI"] = _replay_store(box, tracking_uri)  # resolve_target's first choice
-    target = resolve_target()
+    # The chosen store, not set in the environment: a replay run inside another process (the suite's)
+    # must leave that process's MLFLOW_TRACKING_URI as it found it.
+    target = target_of(
+        _replay_store(box, tracking_uri), "--tracking-uri" if tracking_uri else "the outbox's store"
+    )
     report = replay_into(target, box)
     shown = redact(target.uri)
     skipped = f"; {report.skipped_records} skipped ({report.last_error})" if report.skipped_records else ""

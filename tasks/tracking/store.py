@@ -57,7 +57,7 @@ class TrackingTarget:
 
     uri: str
     artifact_location: str | None  # None: the server decides (a remote server's default artifact root)
-    source: str  # "MLFLOW_TRACKING_URI", "tracking.uri" or "default"
+    source: str  # "MLFLOW_TRACKING_URI", "tracking.uri", "default", or the command flag that chose it
 
     @property
     def is_local(self) -> bool:
@@ -87,23 +87,29 @@ def resolve_target(config: TrackingConfig | None = None, root: Path | None = Non
 
     Relative local paths resolve against `root` (the working directory by default); a local store's
     artifacts are `tracking.artifact_root` when set, else beside its database."""
-    root = Path(root or Path.cwd())
     artifacts = (config.artifact_root if config is not None else None) or None  # "": not set either
     for source, uri in (
         ("MLFLOW_TRACKING_URI", os.environ.get("MLFLOW_TRACKING_URI")),
         ("tracking.uri", config.uri if config is not None else None),
     ):
-        if not uri:
-            continue
-        if uri.startswith("sqlite:///"):
-            return _local_target(uri.removeprefix("sqlite:///"), artifacts, root, source)
-        if uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
-            return TrackingTarget(uri, None, source)
-        raise TrackingError(
-            f"{source} {redact(uri)!r}: not a store MLflow 3.17 accepts; use sqlite:///PATH/mlflow.db "
-            "or http(s)://HOST:PORT of a tracking server (the old ./mlruns file store is refused)"
-        )
-    return _local_target(DEFAULT_STORE, artifacts, root, "default")
+        if uri:
+            return target_of(uri, source, artifacts, root)
+    return _local_target(DEFAULT_STORE, artifacts, Path(root or Path.cwd()), "default")
+
+
+def target_of(
+    uri: str, source: str, artifacts: str | None = None, root: Path | None = None
+) -> TrackingTarget:
+    """The tracking location `uri` names (`source` says where it came from, for its error): a command
+    that chose its store itself (a replay's) asks here, never through the process's environment."""
+    if uri.startswith("sqlite:///"):
+        return _local_target(uri.removeprefix("sqlite:///"), artifacts, Path(root or Path.cwd()), source)
+    if uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
+        return TrackingTarget(uri, None, source)
+    raise TrackingError(
+        f"{source} {redact(uri)!r}: not a store MLflow 3.17 accepts; use sqlite:///PATH/mlflow.db "
+        "or http(s)://HOST:PORT of a tracking server (the old ./mlruns file store is refused)"
+    )
 
 
 def _probe_http(uri: str) -> None:
