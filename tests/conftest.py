@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -129,6 +130,25 @@ def forking() -> Iterator[None]:
     """The worker's fork server, for the tests that start `gptpipe` as FORKED_GPTPIPE."""
     with fork_server(Path(tempfile.mkdtemp(prefix="fork-"))):
         yield
+
+
+# A variable a test leaves behind is read by the next test in its worker. Libraries set some for the process
+# once, as they would in a `gptpipe` process (torch's compile cache, MLflow's telemetry session): new
+# names are the test's doing when they say where things go or who one is (a store, a server, a home).
+_PLACES = re.compile(r"MLFLOW_(TRACKING|REGISTRY)_|PREFECT_|GPTPIPE_|HF_HOME|HOME$|TMP|CUDA_|_API_URL|_URI$")
+
+
+@pytest.fixture(autouse=True)
+def environment_left_as_found() -> Iterator[None]:
+    """A test, and whatever it ran in this process, leaves the environment as it found it: no variable
+    it found is changed or gone, and none that names a place was added (once, a replay's
+    MLFLOW_TRACKING_URI stayed, and the next test's `mlflow server` served the replay's store)."""
+    before = dict(os.environ)
+    yield
+    changed = [name for name, value in before.items() if os.environ.get(name) != value]
+    changed += [name for name in os.environ.keys() - before.keys() if _PLACES.search(name)]
+    changed = [name for name in changed if name != "PYTEST_CURRENT_TEST"]  # pytest's own, set per phase
+    assert not changed, f"the environment was left changed: {sorted(changed)}"
 
 
 @pytest.fixture(autouse=True)
