@@ -133,8 +133,9 @@ def forking() -> Iterator[None]:
 
 
 # A variable a test leaves behind is read by the next test in its worker. Libraries set some for the process
-# once, as they would in a `gptpipe` process (torch's compile cache, MLflow's telemetry session): new
-# names are the test's doing when they say where things go or who one is (a store, a server, a home).
+# once, as they would in a `gptpipe` process (torch's compile cache), and keep private ones of their own
+# (`_MLFLOW_TELEMETRY_SESSION_ID`, changed as MLflow likes): new public names are the test's doing when
+# they say where things go or who one is (a store, a server, a home).
 _PLACES = re.compile(r"MLFLOW_(TRACKING|REGISTRY)_|PREFECT_|GPTPIPE_|HF_HOME|HOME$|TMP|CUDA_|_API_URL|_URI$")
 
 
@@ -147,7 +148,7 @@ def environment_left_as_found() -> Iterator[None]:
     yield
     changed = [name for name, value in before.items() if os.environ.get(name) != value]
     changed += [name for name in os.environ.keys() - before.keys() if _PLACES.search(name)]
-    changed = [name for name in changed if name != "PYTEST_CURRENT_TEST"]  # pytest's own, set per phase
+    changed = [name for name in changed if name != "PYTEST_CURRENT_TEST" and not name.startswith("_")]
     assert not changed, f"the environment was left changed: {sorted(changed)}"
 
 
