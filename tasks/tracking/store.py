@@ -94,7 +94,7 @@ def resolve_target(config: TrackingConfig | None = None, root: Path | None = Non
     ):
         if uri:
             return target_of(uri, source, artifacts, root)
-    return _local_target(DEFAULT_STORE, artifacts, Path(root or Path.cwd()), "default")
+    return target_of(f"sqlite:///{DEFAULT_STORE}", "default", artifacts, root)
 
 
 def target_of(
