@@ -179,10 +179,14 @@ def test_metrics_beyond_the_memory_bound_spill_oldest_first_and_arrive_in_order_
     run_id = writer.create_run(session.experiment_id, "switched", {})
     assert not run_id.startswith("pending-")
     client.away = True
-    for step in range(1, 1001):
+    writer.log_metrics(run_id, {"loss": 1.0}, 1)
+    until(lambda: writer.report.failed_calls >= 1, "the first metric's call refused", CEILING)
+    queue = writer._loop.queue  # step 1 is in flight, retried alone; steps 2 to 1000 queue behind it
+    for step in range(2, 1001):
         writer.log_metrics(run_id, {"loss": 1.0 / step}, step)
-        assert len(writer._loop.queue.memory) <= 100 + 1  # bounded memory: the oldest went to the outbox
-    assert writer.report.spilled_records >= 900 and writer.report.failed_calls >= 1
+        assert len(queue.memory) <= 100  # bounded memory: the oldest went to the outbox
+    assert [item.record.step for item in queue.inflight] == [1]
+    assert writer.report.spilled_records + len(queue.memory) == 999 and writer.report.spilled_records >= 900
     client.away = False
     writer.log_metrics(run_id, {"loss": 0.0}, 1001)
     report = writer.close()
