@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from flows.cli.dependencies import install_command
 from flows.cli.main import main
 from gptcore.runtime import malloc as host_memory
 from gptcore.runtime.precision_speed import PrecisionSpeed, PrecisionSpeeds
@@ -232,15 +233,35 @@ def test_a_missing_dependency_is_one_line_naming_the_package_and_the_way_around(
     )
     assert tracked.returncode == 1 and "Traceback" not in tracked.stderr
     assert tracked.stderr.strip().splitlines() == [
-        "error: the Python package 'mlflow' is not installed: pip install 'mlflow>=3.17.2,<4', "
+        f"error: the Python package 'mlflow' is not installed: {install_command()} 'mlflow>=3.17.2,<4', "
         "or add --no-track (gptpipe train, gptpipe compare) to run without MLflow"
     ]
     no_pydantic = _without("pydantic", "train", "--iteration", "1", "--dry-run")
     assert no_pydantic.returncode == 1
     assert (
         no_pydantic.stderr.strip()
-        == "error: the Python package 'pydantic' is not installed: pip install 'pydantic>=2.7'"
+        == f"error: the Python package 'pydantic' is not installed: {install_command()} 'pydantic>=2.7'"
     )
+
+
+def test_a_missing_package_is_installed_by_this_environments_own_installer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Makefile's venv has uv and no pip: a bare `pip install` there would be another Python's pip."""
+    import importlib.util
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    monkeypatch.setattr(sys, "executable", str(python))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pip" else real_find_spec(name, *a)
+    )
+    assert install_command() == "pip install"  # no uv beside it either: pip is all there is to name
+    (python.parent / "uv").touch()
+    assert install_command() == f"{python.parent / 'uv'} pip install --python {python}"
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    assert install_command() == "pip install"  # its own pip, where it has one
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""A package a command imports that is not installed: one line naming it, the pip line that installs it
-(the project's own requirement), and any way around it."""
+"""A package a command imports that is not installed: one line naming it, the line that installs it (the
+project's own requirement, by this environment's installer), and any way around it."""
 
 from __future__ import annotations
 
@@ -30,10 +30,23 @@ def missing_dependency(error: ModuleNotFoundError) -> MissingDependency | None:
         return None
     package = _DISTRIBUTIONS.get(module, module.replace("_", "-"))
     requirement = _requirement(package)
-    message = f"the Python package {package!r} is not installed: pip install '{requirement}'"
+    message = f"the Python package {package!r} is not installed: {install_command()} '{requirement}'"
     if module in _WAYS_AROUND:
         message += f", {_WAYS_AROUND[module]}"
     return MissingDependency(message)
+
+
+def install_command() -> str:
+    """How this environment installs a package: its own pip, else the uv beside its Python (the Makefile
+    makes the venv without pip), named by path so that no other environment's pip is meant."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    uv = Path(sys.executable).with_name("uv")
+    if importlib.util.find_spec("pip") is None and uv.is_file():
+        return f"{uv} pip install --python {sys.executable}"
+    return "pip install"
 
 
 def _requirement(package: str) -> str:
