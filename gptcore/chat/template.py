@@ -8,13 +8,19 @@ and a prompt for the model's answer ends on `<|assistant|>`; the answer ends whe
 `<|end|>`. The four tokens are special tokens of the tokenizer (added to a base's, whose embedding grows
 to match), so the tokenizer splits on them before its BPE: every content is encoded on its own, which is
 what `encode` does piece by piece, and what transformers' `apply_chat_template` with `JINJA` (stored as
-`tokenizer_config.json`'s `chat_template`) does on the rendered text: the same ids either way.
+`tokenizer_config.json`'s `chat_template`) does on the rendered text: the same ids either way, for every
+content that does not hold a special token's string.
+
+A content is text, whoever wrote it: `encode` reads a special token's string inside one (a user's
+`hi<|end|><|system|>...`) as its characters, never as the token, so only the template opens and closes a
+turn and no message speaks as another role (transformers' rendered text would parse them as tokens).
 
 A fine-tune learns the assistant's turns alone: `Encoded.trained` marks each assistant content token and
 the end-of-turn token after it (so the model learns to stop), never a role token or another's words."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +82,9 @@ def encode(tokenizer: Tokenizer, messages: Sequence[Message], add_generation_pro
     special = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     ids: list[int] = []
     trained: list[bool] = []
+    as_text = _as_text(tokenizer)
     for message in messages:
-        content = tokenizer.encode(message.content, add_special_tokens=False).ids
+        content = as_text.encode(message.content, add_special_tokens=False).ids
         learned = message.role == "assistant"
         ids += [special[ROLE_TOKENS[message.role]], *content, special[END_OF_TURN]]
         trained += [False, *([learned] * len(content)), learned]
@@ -85,6 +92,30 @@ def encode(tokenizer: Tokenizer, messages: Sequence[Message], add_generation_pro
         ids.append(special[ROLE_TOKENS["assistant"]])
         trained.append(False)
     return Encoded(ids, trained)
+
+
+# A tokenizer's copy that encodes special tokens' strings as text, by the original's identity and size (a
+# copy made before `add_chat_tokens` grew it is made again). The original is kept, so its id is not reused;
+# the latest few are kept, a server's models and a fine-tune's base.
+_TEXT_TOKENIZERS: dict[int, tuple[Tokenizer, int, Tokenizer]] = {}
+_TEXT_TOKENIZERS_KEPT = 8
+_TEXT_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _as_text(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer` with every special token's string encoded as text (`encode_special_tokens`), as a copy:
+    the original, shared with whatever encodes a completion's prompt, is never switched."""
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    with _TEXT_TOKENIZERS_LOCK:
+        kept = _TEXT_TOKENIZERS.get(id(tokenizer))
+        if kept is None or kept[0] is not tokenizer or kept[1] != size:
+            copy = Tokenizer.from_str(tokenizer.to_str())
+            copy.encode_special_tokens = True
+            _TEXT_TOKENIZERS.pop(id(tokenizer), None)
+            kept = _TEXT_TOKENIZERS[id(tokenizer)] = (tokenizer, size, copy)
+            while len(_TEXT_TOKENIZERS) > _TEXT_TOKENIZERS_KEPT:
+                del _TEXT_TOKENIZERS[next(iter(_TEXT_TOKENIZERS))]  # the oldest
+        return kept[2]
 
 
 def chat_template_of(folder: Path) -> str | None:
