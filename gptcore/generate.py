@@ -58,6 +58,17 @@ def sample(
     return context[0, len(ids) :].tolist()
 
 
+# Below this a temperature samples as greedy, as vLLM's does: dividing the logits by less overflows float32
+# to inf, whose softmax is NaN, which no sampler takes (a request's 1e-40 once failed every sequence of its
+# server's decode step). The most likely token is what such a temperature asks for anyway.
+GREEDY_BELOW = 1e-5
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether `temperature` takes the most likely token (0, or below `GREEDY_BELOW`)."""
+    return temperature < GREEDY_BELOW
+
+
 def choose_next(
     logits: torch.Tensor,
     temperature: float,
@@ -65,9 +76,10 @@ def choose_next(
     generator: torch.Generator | None,
     top_p: float | None = None,
 ) -> torch.Tensor:
-    """The next token of each row: the most likely at temperature 0, else sampled from the top k and
-    the smallest set of most likely tokens whose probabilities reach `top_p` (nucleus sampling)."""
-    if temperature <= 0:
+    """The next token of each row: the most likely at temperature 0 (below `GREEDY_BELOW`), else sampled
+    from the top k and the smallest set of most likely tokens whose probabilities reach `top_p` (nucleus
+    sampling)."""
+    if is_greedy(temperature):
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
     if top_k:

@@ -177,6 +177,52 @@ def test_a_seeded_sample_is_the_same_whatever_is_decoded_beside_it(model_folder:
     assert decode(0) == decode(7)
 
 
+def test_a_sequence_that_cannot_be_sampled_ends_alone_and_a_vanishing_temperature_is_greedy(
+    model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row's sampling failing (its probabilities not numbers) ends that sequence with `error`; the
+    others of the same steps decode what they decode without it. A temperature of 1e-40, whose division
+    once overflowed the logits to inf and failed every sequence of the step, is greedy."""
+    from gptcore.serving import decoder as decoder_module
+
+    served = load_served(model_files_at(model_folder), "tiny")
+    prompts = [served.encode(prompt) for prompt in PROMPTS[:4]]
+    healthy = [Sampling(max_tokens=12, temperature=0), Sampling(max_tokens=12, temperature=1.0, seed=3),
+               Sampling(max_tokens=12, temperature=1e-40)]  # fmt: skip
+    poisoned = Sampling(max_tokens=12, temperature=1.5, seed=5)
+    real_choose_next = decoder_module.choose_next
+
+    def choose_next(logits: torch.Tensor, temperature: float, *args: object) -> torch.Tensor:
+        poison = torch.full_like(logits, float("nan")) if temperature == poisoned.temperature else logits
+        return real_choose_next(poison, temperature, *args)
+
+    monkeypatch.setattr(decoder_module, "choose_next", choose_next)
+
+    def decode(samplings: list[Sampling]) -> list[Sequence]:
+        decoder = BatchDecoder(served.model, 8)
+        sequences = [
+            Sequence(ids, how, served.tokenizer) for ids, how in zip(prompts, samplings, strict=False)
+        ]
+        decoder.admit(sequences)
+        while decoder.sequences:
+            decoder.step()
+        return sequences
+
+    alone = decode(healthy)
+    beside = decode([*healthy, poisoned])
+    assert beside[-1].finish_reason == "error" and beside[-1].generated == []
+    assert [s.generated for s in beside[:-1]] == [s.generated for s in alone]
+    assert all(s.finish_reason == "length" for s in beside[:-1])
+    assert alone[2].generated == sample(served.model, prompts[2], 12, temperature=0)  # 1e-40: greedy
+    with serving(model_folder) as running:  # and at the door: a completion, not a failure
+        answer = complete(running.url, prompt=PROMPTS[0], max_tokens=4, temperature=1e-40)
+        greedy = complete(running.url, prompt=PROMPTS[0], max_tokens=4, temperature=0)
+        assert (
+            answer.status_code == 200
+            and answer.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+        )
+
+
 def test_a_long_prompt_goes_in_by_chunks_while_the_batch_decodes_each_step(model_folder: Path) -> None:
     """A step runs at most its token budget: the decoding sequences' next tokens, then as much of a long
     prompt as is left. They take a token at every step while it goes in, and everyone still decodes

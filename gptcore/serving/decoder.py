@@ -14,16 +14,19 @@ thread, the decode loop's (`gptcore.serving.scheduler`).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import torch
 
-from gptcore.generate import REFILL_KEEP, choose_next
+from gptcore.generate import REFILL_KEEP, choose_next, is_greedy
 from gptcore.model.gpt import GPT
 from gptcore.model.slot_cache import SlotCache
 from gptcore.serving.config import STEP_TOKENS
 from gptcore.serving.sequence import FinishReason, Sequence
+
+LOG = logging.getLogger("gptpipe.serving")
 
 
 @dataclass(frozen=True)
@@ -202,10 +205,19 @@ class BatchDecoder:
         return logits[:, -1, :].float()
 
     def _take(self, sequence: Sequence, logits: torch.Tensor, greedy: int | None = None) -> None:
+        """`sequence`'s next token from its row's logits; a failure to choose one (its logits not numbers)
+        ends that sequence alone with `error`: the others of the step take theirs as they would have."""
         sampling = sequence.sampling
-        if sampling.temperature <= 0:
+        if is_greedy(sampling.temperature):
             token = greedy if greedy is not None else int(logits.argmax(dim=-1))
         else:
             generator = sequence.generator(self.device)
-            token = int(choose_next(logits, sampling.temperature, sampling.top_k, generator, sampling.top_p))
+            try:
+                token = int(
+                    choose_next(logits, sampling.temperature, sampling.top_k, generator, sampling.top_p)
+                )
+            except RuntimeError:  # torch's sampler refuses inf or NaN probabilities
+                LOG.exception("sampling one sequence failed; it ends with finish reason error")
+                sequence.finish("error")
+                return
         sequence.accept(token)

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import torch
 
+from gptcore.generate import is_greedy
+
 # stop and length as OpenAI names them; the others end a sequence nobody reads to the end.
 FinishReason = Literal["stop", "length", "cancelled", "deadline", "error"]
 REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes half a character to
@@ -67,7 +69,7 @@ class Sequence:
     def generator(self, device: torch.device) -> torch.Generator | None:
         """The sequence's own random numbers (seeded: the same request, the same completion, whatever
         else is decoded beside it); None when it is greedy."""
-        if self.sampling.temperature <= 0:
+        if is_greedy(self.sampling.temperature):
             return None
         if self._generator is None:
             self._generator = torch.Generator(device=device)
