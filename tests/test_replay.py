@@ -263,6 +263,28 @@ def test_a_second_process_at_the_keys_first_use_reads_the_whole_key_the_first_on
     assert stat.S_IMODE((folder / "outbox.key").stat().st_mode) == 0o600
 
 
+@pytest.mark.parametrize("written", ["", "0123abcd", "zz" * 32], ids=["empty", "short", "not-hex"])
+def test_a_key_file_holding_less_than_a_whole_key_is_refused_in_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str
+) -> None:
+    """A key file left empty or cut short (a kill or a full disk while an older gptpipe wrote it) would
+    let anyone compute a valid signature: nothing is signed or verified with it."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    key = tmp_path / ".gptpipe" / "outbox.key"
+    key.parent.mkdir(mode=0o700)
+    key.write_text(written)
+    key.chmod(0o600)
+    signing._key.cache_clear()
+    try:
+        with pytest.raises(PermissionError) as refused:
+            signing._key()
+    finally:
+        signing._key.cache_clear()
+    assert str(refused.value) == (
+        f"{key}: holds {len(written)} characters, not a key of 64 hex digits; remove it and a new one is made"
+    )
+
+
 def test_a_create_sent_again_after_its_answer_was_lost_finds_the_run_it_made(tmp_path: Path) -> None:
     """The writer's live retry and a replay send a create again when its answer never came (a timeout, a
     server stopped before it replied) though the store may have carried it out: one run either way."""

@@ -25,12 +25,14 @@ from tasks.tracking.delivery.records import OutboxRecord, R
 
 READS_FILES = frozenset({"log_artifact", "log_model"})  # the records whose sending reads a local file
 KEY_FILE = Path("~/.gptpipe/outbox.key")
+KEY_BYTES = 32  # written as 64 hex characters
 
 
 @cache
 def _key() -> bytes:
     """This user's signing key: created once, whole (0600, never through a link), refused when anyone
-    else could read or replace it, or when the file holds none."""
+    else could read or replace it, or when the file holds less than a whole key (a short key is a guessable
+    one)."""
     path = KEY_FILE.expanduser()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not os.path.lexists(path):
@@ -41,9 +43,20 @@ def _key() -> bytes:
         if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise PermissionError(f"{path}: must be this user's and readable by nobody else (chmod 600)")
         key = handle.read().strip().encode()
-    if not key:  # an older gptpipe stopped between creating the file and writing it: anyone could sign
-        raise PermissionError(f"{path}: holds no key; remove it and a new one is made")
+    if len(key) < 2 * KEY_BYTES or not _is_hex(key):  # an older gptpipe stopped between creating and writing
+        raise PermissionError(
+            f"{path}: holds {len(key)} characters, not a key of {2 * KEY_BYTES} hex digits; remove it and a "
+            "new one is made"
+        )
     return key
+
+
+def _is_hex(key: bytes) -> bool:
+    try:
+        bytes.fromhex(key.decode("ascii"))
+    except ValueError:  # UnicodeDecodeError included
+        return False
+    return True
 
 
 def _create_key(path: Path) -> None:
@@ -54,7 +67,7 @@ def _create_key(path: Path) -> None:
     descriptor, written = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600, O_EXCL
     try:
         with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_hex(32))
+            handle.write(secrets.token_hex(KEY_BYTES))
             handle.flush()
             os.fsync(handle.fileno())  # whole on disk before it has its name, a crash included
         with suppress(FileExistsError):  # another process's key won: theirs is read
