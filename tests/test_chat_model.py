@@ -223,8 +223,41 @@ def test_a_bad_conversation_or_a_model_without_a_template_is_one_sentence(
         refused = httpx.post(running.url + url, json={"messages": [{"role": "tool", "content": "x"}]})
         assert (
             refused.json()["error"]["message"]
-            == "messages: message 0: role 'tool', allowed: system, user, assistant"
+            == "messages: message 0: role 'tool', allowed: system (or developer), user, assistant"
         )
+        for field, value in [("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+                             ("logit_bias", {"42": 100})]:  # fmt: skip
+            refused = httpx.post(running.url + url, json={"messages": [{"role": "user", "content": "Hi?"}],
+                                                          field: value})  # fmt: skip
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+            assert refused.json()["error"]["message"].startswith(
+                f"{field}: {json.dumps(value)} is not supported"
+            )
+        plain = {"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 4, "temperature": 0,
+                 "response_format": {"type": "text"}, "tools": []}  # what it does anyway: taken  # fmt: skip
+        answered = httpx.post(running.url + url, json=plain).json()
+        parts = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "?"}]  # joined by a newline
+        as_parts = {**plain, "messages": [{"role": "user", "content": parts}]}
+        joined = {**plain, "messages": [{"role": "user", "content": "Hi\n?"}]}
+        assert (
+            httpx.post(running.url + url, json=as_parts).json()["usage"]
+            == (httpx.post(running.url + url, json=joined).json()["usage"])
+        )
+        image = [*parts, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
+        refused = httpx.post(
+            running.url + url, json={**plain, "messages": [{"role": "user", "content": image}]}
+        )
+        assert refused.status_code == 400 and refused.json()["error"]["message"] == (
+            "messages: message 0 (user): content part 2 is of type 'image_url': "
+            "this model reads text parts alone"
+        )
+        system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
+        developer = [{**system[0], "role": "developer"}, system[1]]
+        assert (
+            httpx.post(running.url + url, json={**plain, "messages": developer}).json()["choices"]
+            == (httpx.post(running.url + url, json={**plain, "messages": system}).json()["choices"])
+        )
+        assert answered["choices"][0]["message"]["role"] == "assistant"
         # A user's text holding the template's tokens is text: the prompt is the one `encode` makes.
         text = Tokenizer.from_file(str(chat_run["tokenizer"]))
         text.encode_special_tokens = True  # every string as its characters

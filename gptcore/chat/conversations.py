@@ -4,7 +4,12 @@ parquet files (a `messages` column of the same lists), every line checked, and w
 
 A conversation that a chat fine-tune can learn from: an optional system message first, then user and
 assistant turns taking turns from a user's, ending on the assistant's (the turns it is trained to write).
-A bad line is refused with its file and line (parquet: its row) in one sentence."""
+A bad line is refused with its file and line (parquet: its row) in one sentence.
+
+As OpenAI's API takes them: a content may be a list of text parts (`[{"type": "text", "text": "..."}]`,
+which LangChain, Open WebUI and OpenAI's own helpers send), joined by newlines as vLLM joins them; a part
+that is not text (an image, audio, a file) is refused by name. A `developer` message is the system
+message, as OpenAI's newer models take it."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from gptcore.tools.atomic import write_text_atomic
 
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[Role, ...] = ("system", "user", "assistant")
+AS_SYSTEM = "developer"  # OpenAI's name for the system message of its newer models
 JSON_LINES = (".jsonl", ".json")
 PARQUET = (".parquet",)
 
@@ -65,13 +71,31 @@ def _messages(items: list[Any]) -> list[Message]:
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise ValueError(f"message {index} is not an object")
-        role, content = item.get("role"), item.get("content")
+        role = "system" if item.get("role") == AS_SYSTEM else item.get("role")
         if role not in ROLES:
-            raise ValueError(f"message {index}: role {role!r}, allowed: {', '.join(ROLES)}")
-        if not isinstance(content, str) or not content.strip():
+            allowed = f"{ROLES[0]} (or {AS_SYSTEM}), {', '.join(ROLES[1:])}"
+            raise ValueError(f"message {index}: role {item.get('role')!r}, allowed: {allowed}")
+        content = _text(item.get("content"), f"message {index} ({role})")
+        if not content.strip():
             raise ValueError(f"message {index} ({role}): content must be non-empty text")
         messages.append(Message(role, content))
     return messages
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, or the texts of a list of text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise ValueError(f"{where}: content must be non-empty text or a list of text parts")
+    texts = []
+    for number, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            shown = f"of type {kind!r}" if isinstance(kind, str) else "not a text part"
+            raise ValueError(f"{where}: content part {number} is {shown}: this model reads text parts alone")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def _check_turns(messages: list[Message], last: Role = "assistant") -> None:

@@ -5,13 +5,15 @@ its chat completions body (`ChatBody`: the messages, in the chat template); `POS
 MLflow's scoring body (`{"inputs": [...], "params": {...}}`, or a one-column `dataframe_split`,
 `dataframe_records`, `instances`), as the MLflow model of `tasks/tracking/models/gpt_pyfunc.py` does.
 Anything else is a `BadRequest`: a status and one sentence naming the field, the value and what is
-allowed; fields OpenAI defines that this server cannot honour (`n` above 1, `logprobs`, `echo`, ...)
-are refused by name rather than ignored.
+allowed; fields OpenAI defines that this server cannot honour (`n` above 1, `logprobs`, `echo`,
+`response_format` other than text, `tools`, `logit_bias`, ...: `NOT_HONOURED`) are refused by name
+rather than ignored. Fields OpenAI does not define pass, as its own server lets them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,26 @@ from gptcore.serving.sequence import Sampling
 from gptcore.tools.records import JSONObject
 
 LARGEST_SEED = 2**63 - 1  # a torch.Generator's seed
+
+# OpenAI's fields whose request this server cannot carry out, each with the values that ask for nothing
+# beyond what it does (an answer as plain text, no tools): any other value is a 400 naming the field, since
+# an answer that ignored it (not JSON, no tool call) would pretend to have done what was asked.
+NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "response_format": (
+        lambda v: v in (None, {"type": "text"}),
+        '{"type": "text"}: the answer is plain text',
+    ),
+    "tools": (lambda v: v in (None, []), "none: this model calls no tools"),
+    "tool_choice": (lambda v: v in (None, "none"), '"none": this model calls no tools'),
+    "functions": (lambda v: v in (None, []), "none: this model calls no functions"),
+    "function_call": (lambda v: v in (None, "none"), '"none": this model calls no functions'),
+    "parallel_tool_calls": (lambda v: v in (None, False), "false: this model calls no tools"),
+    "logit_bias": (lambda v: v in (None, {}), "none: tokens are not biased here"),
+    "top_logprobs": (lambda v: v in (None, 0), "0: no log probabilities are returned"),
+    "modalities": (lambda v: v in (None, ["text"]), '["text"]: the answer is text'),
+    "audio": (lambda v: v is None, "none: the answer is text"),
+    "prediction": (lambda v: v is None, "none: no predicted output is used"),
+}
 
 
 class BadRequest(Exception):
@@ -107,6 +129,7 @@ class Job:
 
 def completion_job(body: bytes, limits: ServeConfig, served_name: str) -> Job:
     parsed = _validated(CompletionBody, body)
+    _check_honoured(parsed)
     if parsed.echo:
         raise BadRequest(400, "echo: true is not supported: the prompt is not repeated (false only)", "echo")
     _check_model(parsed.model, served_name)
@@ -121,6 +144,7 @@ def chat_job(body: bytes, limits: ServeConfig, served_name: str) -> Job:
     """A chat completions request: its messages (ending on the user's) and how the answer is sampled;
     the answer is as long as the window allows unless `max_completion_tokens` (or `max_tokens`) says."""
     parsed = _validated(ChatBody, body)
+    _check_honoured(parsed)
     _check_model(parsed.model, served_name)
     try:
         conversation = parse_prompt(parsed.messages)
@@ -133,6 +157,16 @@ def chat_job(body: bytes, limits: ServeConfig, served_name: str) -> Job:
     asked = parsed.max_completion_tokens is not None or parsed.max_tokens is not None
     sampling = _sampling(parsed, wanted)
     return Job([], sampling, parsed.stream, usage, chat=conversation, within_window=not asked)
+
+
+def _check_honoured(parsed: BaseModel) -> None:
+    """A field of `NOT_HONOURED` that asks for something this server does not do: refused by name."""
+    for field, value in (parsed.model_extra or {}).items():
+        honoured, allowed = NOT_HONOURED.get(field, (None, ""))
+        if honoured is not None and not honoured(value):
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise BadRequest(400, f"{field}: {shown} is not supported here (allowed: {allowed})", field)
 
 
 def _check_model(named: str | None, served_name: str) -> None:
