@@ -103,3 +103,35 @@ def test_rng_states_round_trip_through_a_checkpoint(tmp_path: Path) -> None:
 def test_config_differences_name_each_differing_key() -> None:
     differences = ckpt.config_differences({"lr": 1.0, "seed": 1, "old": 2}, {"lr": 2.0, "seed": 1, "new": 3})
     assert differences == ["lr: 1.0 -> 2.0", "new: None -> 3", "old: 2 -> None"]
+
+
+def test_a_model_read_while_its_checkpoint_is_published_again_comes_with_its_own_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training publishes `best` again while an export or generate reads it (held here right after the
+    reader first looked at the record): the weights and the record returned are one checkpoint's, never
+    the old record (its step, its model card's figures) with the new weights."""
+    from gptcore.checkpoint.load import load_model
+    from gptcore.model.config import ModelConfig
+    from gptcore.model.gpt import GPT
+
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=260)
+    models = {step: GPT(config) for step in (100, 200)}  # two trainings' weights: different at random
+
+    def publish(step: int) -> None:
+        record = CheckpointRecord("best", step, config={"a": 1}, model_config=config)
+        ckpt.save_checkpoint(tmp_path, "best", {"model": models[step].state_dict()}, record, None)
+
+    publish(100)
+    read_record = ckpt.checkpoint_metadata
+
+    def newer_best_meanwhile(path: Path) -> CheckpointRecord:
+        record = read_record(path)
+        monkeypatch.setattr(ckpt, "checkpoint_metadata", read_record)  # once
+        publish(200)
+        return record
+
+    monkeypatch.setattr(ckpt, "checkpoint_metadata", newer_best_meanwhile)
+    model, record = load_model(tmp_path / "best.pt")
+    loaded = model.state_dict()
+    assert record.step == 200 and all(torch.equal(loaded[k], v) for k, v in models[200].state_dict().items())

@@ -33,7 +33,7 @@ from gptcore.errors import CheckpointError, first_line
 from gptcore.tools.atomic import temporary_sibling, write_atomic
 from gptcore.tools.disk_space import disk_full, is_disk_full
 from gptcore.tools.faults import kill_point
-from gptcore.tools.fingerprint import sha256_file
+from gptcore.tools.fingerprint import sha256_file, sha256_handle
 from gptcore.tools.records import Settings
 
 MANIFEST = "manifest.json"
@@ -369,13 +369,59 @@ def checkpoint_metadata(path: Path) -> CheckpointRecord:
 def load_checkpoint(path: Path, verify: bool = True) -> State:
     """The state dict of a checkpoint, its content checked against the sha256 its record holds."""
     path = Path(path)
+    if verify:
+        return read_checkpoint(path)[0]
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
-    problem = damage(path) if verify else None
-    if problem is not None:
-        raise CheckpointError(problem)
+    with open(path, "rb") as handle:
+        return _unpickled(path, handle)
+
+
+READS = 3  # a checkpoint published again while it was read is read again, at most this many times
+
+
+def read_checkpoint(path: Path) -> tuple[State, CheckpointRecord]:
+    """A checkpoint's state dict and the record of that very content: the file opened once, its bytes
+    hashed and loaded through the one handle, and the record taken whose sha256 they have. A checkpoint
+    published again meanwhile (training replacing `best` while an export reads it: a new file under the
+    name, a new sidecar) is read again, never an old record paired with new weights."""
+    path = Path(path)
+    for _ in range(READS):
+        read = _read_once(path)
+        if read is not None:
+            return read
+    raise CheckpointError(f"{path}: checkpoint is corrupted (content sha256 differs from its record)")
+
+
+def _read_once(path: Path) -> tuple[State, CheckpointRecord] | None:
+    """The state and record of one opening of `path`; None when the record of its content is gone."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as handle:  # a publish renames a new file in: this one stays what it was
+            record = _record_with(path, sha256_handle(handle))
+            if record is None:
+                return None
+            handle.seek(0)
+            return _unpickled(path, handle), record
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: checkpoint not found") from None
+
+
+def _record_with(path: Path, sha256: str) -> CheckpointRecord | None:
+    """The sidecar's record of `path` whose content sha256 is `sha256` (its own, or while a publishing
+    is in flight the previous one it carries); None when neither is."""
+    record = checkpoint_metadata(path)
+    if record.sha256 == sha256:
+        return record
+    previous = _read_json(path.with_suffix(".json"))
+    previous = previous.get(PREVIOUS) if isinstance(previous, dict) else None
+    if isinstance(previous, dict) and previous.get("sha256") == sha256:
+        return CheckpointRecord.from_dict(previous, path.with_suffix(".json"))
+    return None
+
+
+def _unpickled(path: Path, handle: Any) -> State:
+    try:
+        return torch.load(handle, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many kinds for a damaged file
         raise CheckpointError(f"{path}: checkpoint cannot be loaded ({type(error).__name__})") from None
 

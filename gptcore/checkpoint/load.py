@@ -56,16 +56,18 @@ def whole_checkpoint(directory: Path, name: str = "auto") -> tuple[Path, list[st
 
 
 def load_model(path: Path, device: str = "cpu") -> tuple[GPT, CheckpointRecord]:
-    record = plain_record(path)
-    model = GPT(record.architecture(path))
-    model.load_state_dict(ckpt.load_checkpoint(path)["model"])
+    """The model of a plain checkpoint and the record of the very weights loaded (`read_checkpoint`)."""
+    plain_record(path)  # an adapted checkpoint is refused before its weights are read
+    payload, record = ckpt.read_checkpoint(path)
+    model = GPT(plain_record(path, record).architecture(path))
+    model.load_state_dict(payload["model"])
     return model.to(device).eval(), record
 
 
-def plain_record(path: Path) -> CheckpointRecord:
-    """The record of a checkpoint that holds a plain model; a CheckpointError naming the merge for a LoRA
-    fine-tune's adapted checkpoint."""
-    record = ckpt.checkpoint_metadata(path)
+def plain_record(path: Path, record: CheckpointRecord | None = None) -> CheckpointRecord:
+    """The record of a checkpoint that holds a plain model (`record`, else its sidecar's); a
+    CheckpointError naming the merge for a LoRA fine-tune's adapted checkpoint."""
+    record = record if record is not None else ckpt.checkpoint_metadata(path)
     if holds_adapters(record):
         raise CheckpointError(
             f"{path}: a LoRA fine-tune's checkpoint, its adapters not merged into the weights: merge it "
@@ -88,9 +90,9 @@ def checkpoint_model_files(checkpoint: Path, folder: Path) -> tuple[ModelFiles, 
 
     from gptcore.checkpoint.merge import merged_adapter, write_adapter_files
 
-    record = plain_record(checkpoint)
-    config = record.architecture(checkpoint)
-    payload = ckpt.load_checkpoint(checkpoint)
+    plain_record(checkpoint)  # an adapted checkpoint is refused before its weights are read
+    payload, record = ckpt.read_checkpoint(checkpoint)  # the record of these very weights
+    config = plain_record(checkpoint, record).architecture(checkpoint)
     state = dict(payload["model"])
     folder.mkdir(parents=True, exist_ok=True)
     adapter = None

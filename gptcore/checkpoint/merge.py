@@ -43,11 +43,11 @@ def merge_checkpoint(checkpoint: Path, folder: Path) -> Path:
     """`folder/<name>.pt`: the adapted `checkpoint`'s model with its adapters merged, a plain checkpoint
     whose record keeps the step and losses and says what it was merged from (`merged_from`)."""
     checkpoint = Path(checkpoint)
-    record = ckpt.checkpoint_metadata(checkpoint)
+    payload, record = ckpt.read_checkpoint(checkpoint)  # the record of these very weights
     settings = adapters_of(checkpoint, record)
     model = GPT(record.architecture(checkpoint))
     adapt(model, settings)  # QLoRA: quantized layers of the right shapes, which the load fills in
-    state = ckpt.load_checkpoint(checkpoint)["model"]
+    state = payload["model"]
     model.load_state_dict(state)
     adapter = adapter_weights(state)  # A and B; a trained embedding is the merged model's own
     merge_lora(model)
@@ -77,8 +77,7 @@ def write_adapter(checkpoint: Path, folder: Path) -> Path:
 def adapter_of(checkpoint: Path) -> tuple[dict[str, torch.Tensor], LoRAConfig, CheckpointRecord]:
     """The adapter weights of an adapted checkpoint or of one merged from it (the embedding too when it
     trained), their settings and the checkpoint's record; a CheckpointError for any other."""
-    record = ckpt.checkpoint_metadata(checkpoint)
-    state = ckpt.load_checkpoint(checkpoint)
+    state, record = ckpt.read_checkpoint(checkpoint)  # the record of these very weights
     source = record.merged_from
     if source is not None and "adapter" in state:
         return merged_adapter(state, source.adapters), source.adapters, record

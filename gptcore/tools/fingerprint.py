@@ -8,16 +8,21 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, BinaryIO
 
 _CHUNK = 1 << 20
 
 
 def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
+        return sha256_handle(handle)
+
+
+def sha256_handle(handle: BinaryIO) -> str:
+    """The sha256 of what an open file holds from where it stands to its end."""
+    digest = hashlib.sha256()
+    while chunk := handle.read(_CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
