@@ -248,20 +248,30 @@ def test_a_missing_package_is_installed_by_this_environments_own_installer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The Makefile's venv has uv and no pip: a bare `pip install` there would be another Python's pip."""
-    import importlib.util
+    from flows.cli import dependencies
 
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     monkeypatch.setattr(sys, "executable", str(python))
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "pip" else real_find_spec(name, *a)
-    )
+    monkeypatch.setattr(dependencies, "has_pip", lambda: False)
     assert install_command() == "pip install"  # no uv beside it either: pip is all there is to name
     (python.parent / "uv").touch()
     assert install_command() == f"{python.parent / 'uv'} pip install --python {python}"
-    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    monkeypatch.setattr(dependencies, "has_pip", lambda: True)
     assert install_command() == "pip install"  # its own pip, where it has one
+
+
+def test_asking_whether_pip_is_here_leaves_setuptools_distutils_in_place() -> None:
+    """setuptools' shim stands down for the whole process once anything looks for pip through the import
+    system; torch's compiler then failed at start-up on the standard library's distutils."""
+    probe = (
+        "import sys; from flows.cli.dependencies import has_pip; has_pip(); import setuptools, distutils; "
+        "assert '_distutils' in distutils.__file__, distutils.__file__"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -39,14 +39,26 @@ def missing_dependency(error: ModuleNotFoundError) -> MissingDependency | None:
 def install_command() -> str:
     """How this environment installs a package: its own pip, else the uv beside its Python (the Makefile
     makes the venv without pip), named by path so that no other environment's pip is meant."""
-    import importlib.util
     import sys
     from pathlib import Path
 
     uv = Path(sys.executable).with_name("uv")
-    if importlib.util.find_spec("pip") is None and uv.is_file():
+    if not has_pip() and uv.is_file():
         return f"{uv} pip install --python {sys.executable}"
     return "pip install"
+
+
+def has_pip() -> bool:
+    """Whether pip is installed here, read from its metadata: `importlib.util.find_spec("pip")` would
+    make setuptools' distutils shim stand down for the rest of the process (it takes any look for pip for
+    pip running), and torch's compiler then fails on the standard library's distutils."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("pip")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _requirement(package: str) -> str:
