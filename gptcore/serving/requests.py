@@ -253,6 +253,7 @@ def _validated(kind: type[BaseModel], body: bytes, prefix: str = "") -> Any:
         if problem["type"] == "json_invalid":
             raise BadRequest(400, f"body: not JSON ({problem['msg']})") from None
         field = prefix + ".".join(str(part) for part in problem["loc"])
+        field = field if field.isprintable() else json.dumps(field)  # a client's name: shown on one line
         if problem["type"] == "missing":
             raise BadRequest(400, f"{field}: required", field) from None
         if problem["type"] == "extra_forbidden":

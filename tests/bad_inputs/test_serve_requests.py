@@ -55,6 +55,8 @@ CASES = [
      "body: expected one of inputs, instances, dataframe_split or dataframe_records"),
     ("invocations-unknown-param", "POST", "/invocations", {"inputs": ["x"], "params": {"beams": 4}}, 400,
      "params.beams: not a setting this endpoint takes"),
+    ("a-param-named-with-a-newline", "POST", "/invocations", {"inputs": ["x"], "params": {"\n": 1}}, 400,
+     'params.\\n": not a setting this endpoint takes'),  # escaped: one line (found by the fuzz)
     ("invocations-above-the-cap", "POST", "/invocations", {"inputs": ["x"], "params": {"max_new_tokens": 65}},
      400, "params.max_new_tokens: 65 is not allowed: from 1 to 64"),
     ("no-such-endpoint", "GET", "/v2/anything", None, 404, "/v2/anything: no such endpoint"),
