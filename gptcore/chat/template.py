@@ -20,9 +20,9 @@ the end-of-turn token after it (so the model learns to stop), never a role token
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer
@@ -94,28 +94,17 @@ def encode(tokenizer: Tokenizer, messages: Sequence[Message], add_generation_pro
     return Encoded(ids, trained)
 
 
-# A tokenizer's copy that encodes special tokens' strings as text, by the original's identity and size (a
-# copy made before `add_chat_tokens` grew it is made again). The original is kept, so its id is not reused;
-# the latest few are kept, a server's models and a fine-tune's base.
-_TEXT_TOKENIZERS: dict[int, tuple[Tokenizer, int, Tokenizer]] = {}
-_TEXT_TOKENIZERS_KEPT = 8
-_TEXT_TOKENIZERS_LOCK = threading.Lock()
-
-
 def _as_text(tokenizer: Tokenizer) -> Tokenizer:
     """`tokenizer` with every special token's string encoded as text (`encode_special_tokens`), as a copy:
     the original, shared with whatever encodes a completion's prompt, is never switched."""
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    with _TEXT_TOKENIZERS_LOCK:
-        kept = _TEXT_TOKENIZERS.get(id(tokenizer))
-        if kept is None or kept[0] is not tokenizer or kept[1] != size:
-            copy = Tokenizer.from_str(tokenizer.to_str())
-            copy.encode_special_tokens = True
-            _TEXT_TOKENIZERS.pop(id(tokenizer), None)
-            kept = _TEXT_TOKENIZERS[id(tokenizer)] = (tokenizer, size, copy)
-            while len(_TEXT_TOKENIZERS) > _TEXT_TOKENIZERS_KEPT:
-                del _TEXT_TOKENIZERS[next(iter(_TEXT_TOKENIZERS))]  # the oldest
-        return kept[2]
+    return _text_copy(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+@lru_cache(maxsize=8)  # a server's models, a fine-tune's base; the size: a copy made before it grew is stale
+def _text_copy(tokenizer: Tokenizer, size: int) -> Tokenizer:
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.encode_special_tokens = True
+    return copy
 
 
 def chat_template_of(folder: Path) -> str | None:

@@ -354,6 +354,14 @@ def checkpoint_metadata(path: Path) -> CheckpointRecord:
     sidecar carries `previous`), the one of the two records whose sha256 the file holds: only then is the
     file hashed."""
     path = Path(path)
+    record, previous = _sidecar(path)
+    if previous is not None and path.is_file() and sha256_file(path) == previous.get("sha256"):
+        return CheckpointRecord.from_dict(previous, path.with_suffix(".json"))
+    return CheckpointRecord.from_dict(record, path.with_suffix(".json"))
+
+
+def _sidecar(path: Path) -> tuple[dict, dict | None]:
+    """The sidecar's record of `path` and, while a publishing is in flight, the previous one it carries."""
     sidecar = path.with_suffix(".json")
     if not sidecar.is_file():
         raise CheckpointError(f"{path}: no checkpoint record {sidecar.name} beside it")
@@ -361,9 +369,7 @@ def checkpoint_metadata(path: Path) -> CheckpointRecord:
     if not isinstance(record, dict):
         raise CheckpointError(f"{sidecar}: unreadable checkpoint record (not a mapping)")
     previous = record.pop(PREVIOUS, None)
-    if isinstance(previous, dict) and path.is_file() and sha256_file(path) == previous.get("sha256"):
-        return CheckpointRecord.from_dict(previous, sidecar)
-    return CheckpointRecord.from_dict(record, sidecar)
+    return record, previous if isinstance(previous, dict) else None
 
 
 def load_checkpoint(path: Path, verify: bool = True) -> State:
@@ -408,14 +414,11 @@ def _read_once(path: Path) -> tuple[State, CheckpointRecord] | None:
 
 def _record_with(path: Path, sha256: str) -> CheckpointRecord | None:
     """The sidecar's record of `path` whose content sha256 is `sha256` (its own, or while a publishing
-    is in flight the previous one it carries); None when neither is."""
-    record = checkpoint_metadata(path)
-    if record.sha256 == sha256:
-        return record
-    previous = _read_json(path.with_suffix(".json"))
-    previous = previous.get(PREVIOUS) if isinstance(previous, dict) else None
-    if isinstance(previous, dict) and previous.get("sha256") == sha256:
-        return CheckpointRecord.from_dict(previous, path.with_suffix(".json"))
+    is in flight the previous one it carries); None when neither is. The hash is the caller's: the file
+    is not read again."""
+    for candidate in _sidecar(path):
+        if candidate is not None and candidate.get("sha256") == sha256:
+            return CheckpointRecord.from_dict(candidate, path.with_suffix(".json"))
     return None
 
 
